@@ -14,6 +14,12 @@
  *   string = u64 len; len bytes (not NUL-terminated)
  *   value  = scalar of its type | string | array { u32 type; u64 n; n x value }
  *
+ * Limits (beyond "fits in the file"): keys and tensor names 1..65535 bytes,
+ * n_kv and n_tensors <= 2^20, arrays nested at most 8 deep, n_dims 1..4
+ * with every ne >= 1, tensor types known to wtype_info() with ne[0] a whole
+ * number of blocks, tensor offsets multiples of the alignment, no two
+ * tensors overlapping, no duplicate keys or tensor names.
+ *
  * Every count, length and offset is checked against the file before use:
  * a malformed file is rejected with GGUF_E_* and a message naming the
  * field. After gguf_open() succeeds, every pointer handed out stays inside
@@ -64,10 +70,12 @@ typedef struct GgufStr {
 } GgufStr;
 
 typedef struct GgufArray {
-	uint32_t type;        /* element GgufValueType (never ARRAY) */
+	uint32_t type;        /* element GgufValueType */
 	uint64_t n;
-	const void *data;     /* elements, packed, if type is not STRING */
+	const void *data;     /* elements, packed, if type is a scalar type */
 	const GgufStr *strs;  /* n strings, if type is STRING */
+	/* Arrays of arrays are validated (nesting depth <= 8) but not indexed:
+	 * type is ARRAY and data and strs are NULL. */
 } GgufArray;
 
 typedef struct GgufKv {
@@ -102,6 +110,8 @@ DEFINE_FREEP(Gguf, gguf_free)
 uint32_t gguf_version(const Gguf *g);
 size_t gguf_file_size(const Gguf *g);
 uint32_t gguf_alignment(const Gguf *g);
+/* File offset of the data section (tensor offsets are relative to it). */
+size_t gguf_data_offset(const Gguf *g);
 
 size_t gguf_n_kv(const Gguf *g);
 const GgufKv *gguf_kv(const Gguf *g, size_t i);

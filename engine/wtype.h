@@ -153,6 +153,43 @@ typedef struct {
 } BlockQ8_K;
 static_assert(sizeof(BlockQ8_K) == 292, "BlockQ8_K must match ggml block_q8_K");
 
+/*
+ * K-quant scale unpacking, shared by the scalar reference and the CPU and
+ * CUDA kernels (hence plain C, TKV_HD).
+ *
+ * Q4_K/Q5_K pack 8 6-bit scales sc0..7 and 8 6-bit mins m0..7 in 12 bytes:
+ *   bytes 0..3:  sc0..3 in bits 0..5, bits 4..5 of sc4..7 in bits 6..7
+ *   bytes 4..7:  m0..3 in bits 0..5,  bits 4..5 of m4..7 in bits 6..7
+ *   bytes 8..11: bits 0..3 of sc4..7 (low nibble), of m4..7 (high nibble)
+ * Sub-block j (0..7) covers values 32j .. 32j+31 of the super-block.
+ */
+static inline TKV_HD void wtype_q4k_scale_min(const uint8_t *scales, int j,
+					      uint8_t *ret_sc, uint8_t *ret_m)
+{
+	if (j < 4) {
+		*ret_sc = scales[j] & 63;
+		*ret_m = scales[j + 4] & 63;
+	} else {
+		*ret_sc = (uint8_t)((scales[j + 4] & 0xf) | ((scales[j - 4] >> 6) << 4));
+		*ret_m = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+	}
+}
+
+/*
+ * Q3_K packs 16 6-bit scales (stored biased by 32) in 12 bytes: the low 4
+ * bits of scale j are the low nibble of byte j (j < 8) or the high nibble
+ * of byte j - 8; its two high bits are bits 2*(j/4) .. 2*(j/4)+1 of byte
+ * 8 + j%4.
+ * Returns the signed scale of sub-block j (0..15, values 16j .. 16j+15),
+ * in -32..31.
+ */
+static inline TKV_HD int wtype_q3k_scale(const uint8_t *scales, int j)
+{
+	int lo = j < 8 ? (scales[j] & 0xf) : (scales[j - 8] >> 4);
+	int hi = (scales[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+	return (lo | (hi << 4)) - 32;
+}
+
 typedef struct WTypeInfo {
 	const char *name;    /* "Q4_K", as ggml and GGUF tools print it */
 	uint32_t block_elems; /* values per block */
@@ -165,6 +202,7 @@ const WTypeInfo *wtype_info(uint32_t t);
 /* True for the types a GGUF weight tensor may have in our engine. */
 bool wtype_is_supported(uint32_t t);
 
+/* "Q4_K" etc., or "unknown" for a type we do not read. */
 const char *wtype_name(uint32_t t);
 
 /*
@@ -173,10 +211,10 @@ const char *wtype_name(uint32_t t);
  */
 size_t wtype_row_bytes(uint32_t t, uint64_t n);
 
-/* Scalar reference: dequantize n values (a multiple of the block size). */
+/*
+ * Scalar reference: dequantize n values (a multiple of the block size) of
+ * a known type t (wtype_info() != NULL; Q8_1 and Q8_K included). Same math
+ * and float operation order as ggml's dequantize_row_*(), so results are
+ * bit-identical to ggml's scalar code (no FMA contraction).
+ */
 void wtype_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
-
-/* Scalar reference quantizers, used for activations and for tests. */
-void quantize_row_q8_0_ref(const float *x, BlockQ8_0 *y, int64_t n);
-void quantize_row_q8_1_ref(const float *x, BlockQ8_1 *y, int64_t n);
-void quantize_row_q8_K_ref(const float *x, BlockQ8_K *y, int64_t n);
