@@ -5,6 +5,13 @@
  * (ChatML: SmolLM2, Qwen; Llama 3; Mistral / Llama 2 [INST]) by
  * distinctive markers and render them with C code. Anything else is
  * CHAT_E_UNKNOWN_TEMPLATE unless the caller asks for raw prompting.
+ *
+ * Renderings match the families' Jinja templates byte for byte except
+ * that the leading `bos_token` is left out: callers add the BOS token
+ * when tokenizer_add_bos() says so. Roles are system, user, assistant.
+ * Llama 3.1+ templates (tools, "Cutting Knowledge Date" system header) and
+ * Mistral v0.3+ ("[/INST]" without a space) are rendered as Llama 3 and
+ * Mistral v0.1 and so differ from their own Jinja.
  */
 #pragma once
 
@@ -21,7 +28,8 @@ typedef enum ChatTemplate {
 	CHAT_TEMPLATE_RAW = 0,  /* concatenate contents, no markup */
 	CHAT_TEMPLATE_CHATML,
 	CHAT_TEMPLATE_LLAMA3,
-	CHAT_TEMPLATE_MISTRAL,
+	CHAT_TEMPLATE_MISTRAL,  /* Mistral v0.1/v0.2: [INST] without <<SYS>> */
+	CHAT_TEMPLATE_LLAMA2,   /* Llama 2: [INST] with <<SYS>>, <s> before later turns */
 } ChatTemplate;
 
 typedef struct ChatMessage {
