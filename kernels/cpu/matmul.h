@@ -15,6 +15,7 @@
  */
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "threadpool.h"
@@ -29,9 +30,21 @@ typedef struct MatmulWeight {
 
 /*
  * Y = X @ W^T. x is (n_tok, cols) with row stride cols; y is (n_tok, rows)
- * with row stride rows. Returns 0 or -ENOMEM (activation scratch).
+ * with row stride rows. Returns 0, -EINVAL (a type or shape with no
+ * kernel, a row_stride below the row size) or -ENOMEM (scratch).
  */
 int matmul(ThreadPool *tp, const MatmulWeight *w, const float *x, float *y, int64_t n_tok);
+
+/*
+ * Several products of one input, Y_i = X @ W_i^T for i < n_w (q/k/v,
+ * gate/up): X is quantized once and all rows go out in one dispatch,
+ * which also balances small matrices better across threads. All W_i
+ * share cols and activation format; y_i is (n_tok, ws[i]->rows).
+ * 1 <= n_w <= MATMUL_GROUP_MAX. Returns 0, -EINVAL or -ENOMEM.
+ */
+#define MATMUL_GROUP_MAX 4
+int matmul_group(ThreadPool *tp, const MatmulWeight *const *ws, float *const *ys, int n_w, const float *x,
+		 int64_t n_tok);
 
 /* The same product with the scalar reference kernels only, one thread. */
 int matmul_ref(const MatmulWeight *w, const float *x, float *y, int64_t n_tok);

@@ -1,0 +1,72 @@
+/*
+ * kvcache.h: the attention memory of one sequence, behind a small interface.
+ *
+ * The model hands each layer's new keys (after RoPE) and values to the
+ * cache and asks it for attention outputs; it never reads K or V itself.
+ * That is what lets a compressed cache compute attention directly on its
+ * codes (turboquant.md section 2) without touching model code: an
+ * implementation is a KvCacheOps table.
+ *
+ * Shapes: per token, K and V are (n_kv_heads, head_dim) rows; queries
+ * are (n_heads, head_dim); query head h reads kv-head h / (n_heads /
+ * n_kv_heads) (grouped-query attention). Attention is causal: query t of
+ * a batch starting at position pos0 sees positions 0 .. pos0 + t.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/threadpool.h"
+#include "util.h"
+
+enum {
+	KVCACHE_E_FULL = 1, /* appending would exceed the capacity */
+	KVCACHE_E_POSITION, /* append not at the end of the cache */
+};
+
+typedef struct KvCacheShape {
+	int n_layers;
+	int n_heads;
+	int n_kv_heads;
+	int head_dim;
+	int64_t capacity; /* tokens */
+} KvCacheShape;
+
+typedef struct KvCache KvCache;
+
+typedef struct KvCacheOps {
+	const char *name;
+	/* Store n_tok tokens at positions pos0.. of layer: k, v (n_tok, n_kv_heads * head_dim). */
+	int (*append)(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
+		      const float *v);
+	/* out (n_tok, n_heads * head_dim) = causal attention of q (n_tok, n_heads * head_dim). */
+	void (*attend)(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		       const float *q, float *out);
+	/* Bytes stored per token, all layers, K and V. */
+	size_t (*bytes_per_token)(const KvCache *kv);
+	void (*free)(KvCache *kv);
+} KvCacheOps;
+
+struct KvCache {
+	const KvCacheOps *ops;
+	KvCacheShape shape;
+	int64_t n_tokens; /* positions 0 .. n_tokens-1 are valid in every layer */
+};
+
+/* An uncompressed f32 cache of shape->capacity tokens. Returns 0 or -ENOMEM / -EINVAL. */
+int kvcache_new_f32(const KvCacheShape *shape, KvCache **ret);
+
+KvCache *kvcache_free(KvCache *kv);
+DEFINE_FREEP(KvCache, kvcache_free)
+
+int kvcache_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
+		   const float *v);
+void kvcache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		    const float *q, float *out);
+
+/* Tokens present in every layer (advanced by the model after a batch). */
+int64_t kvcache_n_tokens(const KvCache *kv);
+void kvcache_set_n_tokens(KvCache *kv, int64_t n);
+
+size_t kvcache_bytes_per_token(const KvCache *kv);

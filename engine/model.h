@@ -1,0 +1,109 @@
+/*
+ * model.h: a llama-family transformer loaded from GGUF, and its forward pass.
+ *
+ * Architectures: `llama` (Llama 2/3.x, SmolLM2, Mistral) and `qwen2`.
+ * Weights stay in the memory-mapped file in their GGUF types; the
+ * matmul kernels read them in place. One layer:
+ *
+ *   h   = x + Wo · attn(rope(Wq·n1 + bq), rope(Wk·n1 + bk), Wv·n1 + bv)
+ *   out = h + Wdown · (silu(Wgate·n2) * (Wup·n2))
+ *   with n1 = rmsnorm(x) * attn_norm, n2 = rmsnorm(h) * ffn_norm
+ *
+ * then logits = Wout · (rmsnorm(x) * output_norm), Wout = token_embd when
+ * the file has no separate output tensor (tied embeddings).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "kvcache.h"
+
+enum {
+	MODEL_E_UNSUPPORTED = 1, /* architecture, weight type or feature we do not run */
+	MODEL_E_INVALID,         /* missing or inconsistent tensors or metadata */
+	MODEL_E_CONTEXT,         /* positions beyond the context size */
+	MODEL_E_TOKEN,           /* a token id outside the vocabulary */
+};
+
+typedef enum ModelArch {
+	MODEL_ARCH_LLAMA,
+	MODEL_ARCH_QWEN2,
+} ModelArch;
+
+typedef struct ModelConfig {
+	ModelArch arch;
+	int n_layers;
+	int dim;          /* embedding width */
+	int n_heads;
+	int n_kv_heads;
+	int head_dim;
+	int ff_dim;       /* feed-forward hidden width */
+	int n_vocab;
+	int n_ctx_train;  /* context length the model was trained for */
+	float rms_eps;
+	float rope_base;
+	float rope_freq_scale;
+	int n_rot;
+	RopeStyle rope_style;
+} ModelConfig;
+
+typedef struct LayerWeights {
+	const float *attn_norm; /* (dim,) */
+	MatmulWeight wq;        /* (n_heads * head_dim, dim) */
+	MatmulWeight wk;        /* (n_kv_heads * head_dim, dim) */
+	MatmulWeight wv;        /* (n_kv_heads * head_dim, dim) */
+	MatmulWeight wo;        /* (dim, n_heads * head_dim) */
+	const float *bq, *bk, *bv; /* qwen2 biases, NULL for llama */
+	const float *ffn_norm;  /* (dim,) */
+	MatmulWeight w_gate;    /* (ff_dim, dim) */
+	MatmulWeight w_up;      /* (ff_dim, dim) */
+	MatmulWeight w_down;    /* (dim, ff_dim) */
+} LayerWeights;
+
+typedef struct Model {
+	Gguf *gguf;             /* owns the mapping all weights point into */
+	ModelConfig cfg;
+	Rope rope;
+	MatmulWeight tok_embd;  /* (n_vocab, dim) */
+	MatmulWeight output;    /* (n_vocab, dim), tok_embd when tied */
+	const float *output_norm; /* (dim,) */
+	LayerWeights *layers;   /* (n_layers,) */
+	float **owned;          /* small tensors converted to f32 at load */
+	size_t n_owned;
+} Model;
+
+int model_load(const char *path, Model **ret, Error *err);
+/* Build from an opened GGUF (consumed: freed with the model, or on error). */
+int model_load_gguf(Gguf *g, Model **ret, Error *err);
+Model *model_free(Model *m);
+DEFINE_FREEP(Model, model_free)
+
+/* Shape of a KV cache for this model with capacity n_ctx tokens. */
+KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx);
+
+/*
+ * Activation buffers for batches of up to max_batch tokens, and the
+ * threads the kernels use. One per concurrently evaluated sequence.
+ */
+typedef struct ModelRun ModelRun;
+
+int model_run_new(const Model *m, int max_batch, ThreadPool *tp, ModelRun **ret);
+ModelRun *model_run_free(ModelRun *r);
+DEFINE_FREEP(ModelRun, model_run_free)
+
+/*
+ * Evaluate n tokens at positions kv->n_tokens .. +n-1, appending their K
+ * and V to kv (any length: split into batches internally). Writes logits
+ * (n_vocab,) of the last token to ret_logits if non-NULL, and of every
+ * token to all_logits (n, n_vocab) if non-NULL. Returns 0, -ENOMEM,
+ * MODEL_E_CONTEXT if the cache would overflow, or a KVCACHE_E_* code.
+ */
+int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, int64_t n,
+	       float *ret_logits, float *all_logits);
+
+/* Human description ("llama 30 layers, dim 576, ...") into buf. */
+void model_describe(const Model *m, char *buf, size_t size);

@@ -1,0 +1,89 @@
+/*
+ * cpu_features.c: run-time detection of the SIMD extensions our fast
+ * kernels use (AVX2, FMA, F16C), checked once with cpuid/xgetbv.
+ *
+ * Owns the answer to "may the *_avx2.c kernels run here"; does not own
+ * the dispatch itself (matmul.c and friends ask per call, so tests can
+ * flip cpu_features_disable_simd() at any time).
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "cpu_features.h"
+
+static CpuFeatures detected;
+static const CpuFeatures none;
+static atomic_int detect_state; /* 0: not yet, 1: running, 2: done */
+static atomic_bool simd_disabled;
+
+#if defined(__x86_64__) || defined(__i386__)
+static unsigned long long xgetbv0(void)
+{
+	unsigned eax, edx;
+	__asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+	return ((unsigned long long)edx << 32) | eax;
+}
+
+static void features_detect(CpuFeatures *f)
+{
+	unsigned a, b, c, d;
+
+	memset(f, 0, sizeof(*f));
+	if (!__get_cpuid(1, &a, &b, &c, &d))
+		return;
+	bool osxsave = c & (1u << 27);
+	bool avx = c & (1u << 28);
+	/* The OS must save the YMM state (XCR0 bits 1 and 2) for AVX to be usable. */
+	if (!osxsave || !avx || (xgetbv0() & 0x6) != 0x6)
+		return;
+	f->fma = c & (1u << 12);
+	f->f16c = c & (1u << 29);
+	if (__get_cpuid_max(0, NULL) >= 7) {
+		__cpuid_count(7, 0, a, b, c, d);
+		f->avx2 = b & (1u << 5);
+	}
+}
+#else
+static void features_detect(CpuFeatures *f)
+{
+	memset(f, 0, sizeof(*f));
+}
+#endif
+
+static void features_init(void)
+{
+	int expected = 0;
+	if (atomic_compare_exchange_strong(&detect_state, &expected, 1)) {
+		const char *e = getenv("TURBOKV_NO_SIMD");
+		if (e && *e && strcmp(e, "0") != 0)
+			atomic_store(&simd_disabled, true);
+		features_detect(&detected);
+		atomic_store_explicit(&detect_state, 2, memory_order_release);
+		return;
+	}
+	/* Another thread is detecting: cpuid takes microseconds. */
+	while (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
+		;
+}
+
+/* The features the kernels may use: all false when SIMD is disabled. */
+const CpuFeatures *cpu_features(void)
+{
+	if (__builtin_expect(atomic_load_explicit(&detect_state, memory_order_acquire) != 2, 0))
+		features_init();
+	if (atomic_load_explicit(&simd_disabled, memory_order_relaxed))
+		return &none;
+	return &detected;
+}
+
+void cpu_features_disable_simd(bool disable)
+{
+	if (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
+		features_init();
+	atomic_store(&simd_disabled, disable);
+}

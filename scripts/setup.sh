@@ -1,0 +1,39 @@
+#!/bin/sh
+# Set up a fresh Debian machine for turbokv, then build it.
+#
+#   1. Debian packages (only those missing; apt-get needs root or sudo),
+#   2. the default model into ~/.cache/turbokv/models (scripts/fetch-model.sh),
+#   3. a release build in ./build (meson + ninja).
+#
+# Idempotent and quick the second time: nothing is installed, fetched or
+# rebuilt that is already there.
+set -eu
+
+cd "$(dirname "$0")/.."
+
+packages="meson ninja-build pkg-config gcc check protobuf-c-compiler libprotobuf-c-dev
+	libsystemd-dev python3 python3-pip"
+
+missing=
+for p in $packages; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+		missing="$missing $p"
+done
+# pip may come from elsewhere (pyenv); python3 -m pip is what we use.
+if python3 -m pip --version >/dev/null 2>&1; then
+	missing=$(echo "$missing" | sed 's/python3-pip//; s/ python3 / /')
+fi
+if [ -n "$(echo "$missing" | tr -d ' ')" ]; then
+	sudo=
+	[ "$(id -u)" -eq 0 ] || sudo=sudo
+	echo "installing:$missing" >&2
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
+fi
+
+scripts/fetch-model.sh >/dev/null
+
+if [ ! -f build/build.ninja ]; then
+	meson setup build --buildtype=release >/dev/null
+fi
+ninja -C build >/dev/null

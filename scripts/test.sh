@@ -1,0 +1,18 @@
+#!/bin/sh
+# Set up, then run every test: the release build (unit, golden against
+# llama.cpp's outputs), then the same suite under AddressSanitizer and
+# UBSan in ./build-asan. Exits non-zero if any test fails.
+set -eu
+
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+meson test -C build --print-errorlogs
+
+if [ ! -f build-asan/build.ninja ]; then
+	meson setup build-asan --buildtype=debugoptimized \
+		-Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+fi
+ninja -C build-asan >/dev/null
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	meson test -C build-asan --print-errorlogs

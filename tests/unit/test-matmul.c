@@ -1,0 +1,608 @@
+/*
+ * test-matmul.c: activation quantizers, dot-product kernels and matmul.
+ *
+ * Independent references: hand-computed ggml quantizer outputs; the
+ * engine's dequantizers (engine/wtype.c) for the meaning of every weight
+ * and activation block, against which the scalar kernels are checked;
+ * the scalar kernels, against which the AVX2 kernels and the threaded,
+ * tiled matmul() are checked. Weights are random bytes with random finite
+ * scales, so every bit pattern of the quants is exercised.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/wtype.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant_act.h"
+#include "kernels/cpu/threadpool.h"
+#include "kernels/cpu/vec_dot.h"
+#include "testutil.h"
+
+static const uint32_t all_types[] = {
+	WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_Q5_0, WTYPE_Q5_1,
+	WTYPE_Q8_0, WTYPE_Q2_K, WTYPE_Q3_K, WTYPE_Q4_K, WTYPE_Q5_K, WTYPE_Q6_K,
+};
+#define N_TYPES ((int)(sizeof(all_types) / sizeof(all_types[0])))
+
+static bool simd_available(void)
+{
+	const CpuFeatures *f = cpu_features();
+	return f->avx2 && f->fma && f->f16c;
+}
+
+static void put_half(uint8_t *p, float v)
+{
+	tkv_half h = f32_to_half(v);
+	memcpy(p, &h, sizeof(h));
+}
+
+static float rand_scale(uint64_t *rng)
+{
+	return (0.002f + 0.05f * test_rand_uniform(rng)) * (test_rand_uniform(rng) < 0.2f ? -1.0f : 1.0f);
+}
+
+/*
+ * rows weight rows of cols values in type t, row_stride bytes apart:
+ * random bytes, then random finite half scales where the block has them.
+ */
+static uint8_t *weights_random(uint32_t t, int64_t rows, int64_t cols, size_t row_stride, uint64_t *rng)
+{
+	const WTypeInfo *info = wtype_info(t);
+	size_t nb = (size_t)cols / info->block_elems;
+	uint8_t *w = malloc((size_t)rows * row_stride);
+	ck_assert_ptr_nonnull(w);
+
+	for (size_t i = 0; i < (size_t)rows * row_stride; i++)
+		w[i] = (uint8_t)test_rand_u64(rng);
+	for (int64_t r = 0; r < rows; r++) {
+		uint8_t *row = w + (size_t)r * row_stride;
+		for (size_t b = 0; b < nb; b++) {
+			uint8_t *blk = row + b * info->block_bytes;
+			switch (t) {
+			case WTYPE_F32: {
+				float v = test_rand_normal(rng);
+				memcpy(blk, &v, sizeof(v));
+				break;
+			}
+			case WTYPE_F16:
+				put_half(blk, test_rand_normal(rng));
+				break;
+			case WTYPE_BF16: {
+				tkv_bf16 v = f32_to_bf16(test_rand_normal(rng));
+				memcpy(blk, &v, sizeof(v));
+				break;
+			}
+			case WTYPE_Q4_1:
+			case WTYPE_Q5_1:
+				put_half(blk + offsetof(BlockQ4_1, m), 4.0f * rand_scale(rng));
+				/* fallthrough */
+			case WTYPE_Q4_0:
+			case WTYPE_Q5_0:
+			case WTYPE_Q8_0:
+				put_half(blk, rand_scale(rng));
+				break;
+			case WTYPE_Q2_K:
+				put_half(blk + offsetof(BlockQ2_K, d), rand_scale(rng));
+				put_half(blk + offsetof(BlockQ2_K, dmin), rand_scale(rng));
+				break;
+			case WTYPE_Q3_K:
+				put_half(blk + offsetof(BlockQ3_K, d), rand_scale(rng));
+				break;
+			case WTYPE_Q4_K:
+			case WTYPE_Q5_K:
+				put_half(blk + offsetof(BlockQ4_K, d), rand_scale(rng));
+				put_half(blk + offsetof(BlockQ4_K, dmin), rand_scale(rng));
+				break;
+			case WTYPE_Q6_K:
+				put_half(blk + offsetof(BlockQ6_K, d), rand_scale(rng));
+				break;
+			default:
+				ck_abort_msg("no generator for type %u", t);
+			}
+		}
+	}
+	return w;
+}
+
+/* Activations with a spread of magnitudes per block, some exact zeros. */
+static float *acts_random(int64_t n, uint64_t *rng)
+{
+	float *x = malloc((size_t)n * sizeof(float));
+	ck_assert_ptr_nonnull(x);
+	for (int64_t i = 0; i < n; i++) {
+		float scale = (i / 32) % 3 == 0 ? 0.1f : (i / 32) % 3 == 1 ? 1.0f : 30.0f;
+		x[i] = test_rand_normal(rng) * scale;
+		if (test_rand_uniform(rng) < 0.02f)
+			x[i] = 0.0f;
+	}
+	return x;
+}
+
+/* The activation row the kernels see (quantized with the reference) and
+ * what it means as floats. ret_act is malloc'd. */
+static float *acts_quantize(uint32_t t, const float *x, int64_t n, void **ret_act)
+{
+	int at = quant_act_type_for(t);
+	ck_assert_int_ge(at, 0);
+	size_t bytes = at == WTYPE_F32 ? (size_t)n * sizeof(float) : wtype_row_bytes((uint32_t)at, (uint64_t)n);
+	void *act = malloc(bytes);
+	float *deq = malloc((size_t)n * sizeof(float));
+	ck_assert_ptr_nonnull(act);
+	ck_assert_ptr_nonnull(deq);
+	quant_act_row((uint32_t)at, x, act, n, false);
+	wtype_dequantize_row((uint32_t)at, act, deq, n);
+	*ret_act = act;
+	return deq;
+}
+
+/*
+ * Q4_1/Q5_1 kernels use the activation block sum s, stored as a half:
+ * allow for its rounding (2^-11 relative) on top of float rounding.
+ */
+static double min_term_slack(uint32_t t, const uint8_t *w, const void *act, int64_t n)
+{
+	if (t != WTYPE_Q4_1 && t != WTYPE_Q5_1)
+		return 0.0;
+	const WTypeInfo *info = wtype_info(t);
+	const BlockQ8_1 *a = act;
+	double slack = 0.0;
+	for (int64_t b = 0; b < n / 32; b++) {
+		tkv_half m;
+		memcpy(&m, w + (size_t)b * info->block_bytes + offsetof(BlockQ4_1, m), sizeof(m));
+		slack += fabs((double)half_to_f32(m) * (double)half_to_f32(a[b].s)) * 1e-3;
+	}
+	return slack;
+}
+
+START_TEST(test_vec_dot)
+{
+	uint32_t t = all_types[_i];
+	uint64_t rng = test_seed() ^ (0x1000u + t);
+	const WTypeInfo *info = wtype_info(t);
+	VecDotFn ref = vec_dot_ref_get(t);
+	VecDotFn fast = simd_available() ? vec_dot_avx2_get(t) : NULL;
+	const int64_t lens[] = { 256, 512, 1536, 2304 };
+
+	ck_assert_ptr_nonnull(ref);
+	if (!fast)
+		fprintf(stderr, "%s: no AVX2 kernel checked\n", info->name);
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+		int64_t n = lens[li];
+		for (int rep = 0; rep < 20; rep++) {
+			size_t rb = wtype_row_bytes(t, (uint64_t)n);
+			uint8_t *w = weights_random(t, 1, n, rb, &rng);
+			float *x = acts_random(n, &rng);
+			float *wd = malloc((size_t)n * sizeof(float));
+			void *act;
+			float *ad = acts_quantize(t, x, n, &act);
+
+			wtype_dequantize_row(t, w, wd, n);
+			double expect = 0.0, abs_sum = 0.0;
+			for (int64_t i = 0; i < n; i++) {
+				expect += (double)wd[i] * (double)ad[i];
+				abs_sum += fabs((double)wd[i] * (double)ad[i]);
+			}
+			double tol = 1e-5 * abs_sum + min_term_slack(t, w, act, n) + 1e-30;
+
+			float s_ref = NAN;
+			ref(n, &s_ref, w, act);
+			ck_assert_msg(fabs(s_ref - expect) <= tol, "%s n=%ld: ref %.9g, dequantized %.9g (tol %.3g)",
+				      info->name, (long)n, s_ref, expect, tol);
+			if (fast) {
+				float s_fast = NAN;
+				fast(n, &s_fast, w, act);
+				ck_assert_msg(fabs(s_fast - s_ref) <= 1e-5 * abs_sum + 1e-30,
+					      "%s n=%ld: avx2 %.9g, ref %.9g (sum|terms| %.3g)", info->name,
+					      (long)n, s_fast, s_ref, abs_sum);
+			}
+			free(w);
+			free(x);
+			free(wd);
+			free(ad);
+			free(act);
+		}
+	}
+}
+END_TEST
+
+/* Multi-row kernels equal the reference on each row (even and odd
+ * block counts: the kernels take blocks two at a time). */
+static void multi_check(uint32_t t, VecDotMultiFn multi, int64_t n, uint64_t *rng)
+{
+	VecDotFn ref = vec_dot_ref_get(t);
+	int at = quant_act_type_for(t);
+	size_t ab = wtype_row_bytes((uint32_t)at, (uint64_t)n);
+	uint8_t *w = weights_random(t, 1, n, wtype_row_bytes(t, (uint64_t)n), rng);
+	float *x = acts_random(n * VEC_DOT_MAX_NY, rng);
+	uint8_t *act = malloc(ab * VEC_DOT_MAX_NY);
+	const size_t af_stride = (size_t)n / 16 + 3; /* any stride works */
+	float *af = malloc(af_stride * VEC_DOT_MAX_NY * sizeof(float));
+
+	for (int j = 0; j < VEC_DOT_MAX_NY; j++) {
+		quant_act_row((uint32_t)at, x + j * n, act + j * ab, n, false);
+		quant_act_scales((uint32_t)at, act + j * ab, af + j * af_stride, n);
+	}
+	for (int ny = 1; ny <= VEC_DOT_MAX_NY; ny++) {
+		float s[2 * VEC_DOT_MAX_NY];
+		for (int j = 0; j < 2 * VEC_DOT_MAX_NY; j++)
+			s[j] = -1234.0f;
+		multi(n, s, 2, w, act, ab, af, af_stride, ny);
+		for (int j = 0; j < VEC_DOT_MAX_NY; j++) {
+			ck_assert_float_eq(s[2 * j + 1], -1234.0f);
+			if (j >= ny) {
+				ck_assert_float_eq(s[2 * j], -1234.0f);
+				continue;
+			}
+			float r;
+			ref(n, &r, w, act + j * ab);
+			ck_assert_msg(fabsf(s[2 * j] - r) <= 1e-4f * (fabsf(r) + 1.0f), "%s n=%ld ny=%d row %d: %g vs %g",
+				      wtype_name(t), (long)n, ny, j, s[2 * j], r);
+		}
+	}
+	free(w);
+	free(x);
+	free(act);
+	free(af);
+}
+
+START_TEST(test_vec_dot_multi)
+{
+	uint32_t t = all_types[_i];
+	uint64_t rng = test_seed() ^ (0x2000u + t);
+	VecDotMultiFn multi = simd_available() ? vec_dot_avx2_multi_get(t) : NULL;
+
+	if (!multi)
+		return;
+	for (int rep = 0; rep < 10; rep++) {
+		multi_check(t, multi, 512, &rng);
+		multi_check(t, multi, 544, &rng);
+		multi_check(t, multi, 32, &rng);
+	}
+}
+END_TEST
+
+/* sum_i |w[r, i] * a[tok, i]| for tolerances, from dequantized data. */
+static double *abs_sums(uint32_t t, const uint8_t *w, size_t stride, int64_t rows, int64_t cols,
+			const float *x, int64_t n_tok)
+{
+	double *s = calloc((size_t)(rows * n_tok), sizeof(double));
+	float *wd = malloc((size_t)cols * sizeof(float));
+	for (int64_t tok = 0; tok < n_tok; tok++) {
+		void *act;
+		float *ad = acts_quantize(t, x + tok * cols, cols, &act);
+		for (int64_t r = 0; r < rows; r++) {
+			wtype_dequantize_row(t, w + (size_t)r * stride, wd, cols);
+			for (int64_t i = 0; i < cols; i++)
+				s[tok * rows + r] += fabs((double)wd[i] * (double)ad[i]);
+		}
+		free(ad);
+		free(act);
+	}
+	free(wd);
+	return s;
+}
+
+START_TEST(test_matmul_threads)
+{
+	uint32_t t = all_types[_i];
+	uint64_t rng = test_seed() ^ (0x3000u + t);
+	const int64_t rows_list[] = { 37, 5, 64 };
+	const int64_t toks[] = { 1, 3, 17 };
+	/* An odd number of 32-value blocks where the type allows. */
+	const int64_t cols = wtype_info(t)->block_elems == QK_K ? 512 : 544;
+
+	for (size_t ri = 0; ri < 3; ri++) {
+		int64_t rows = rows_list[ri];
+		size_t stride = wtype_row_bytes(t, (uint64_t)cols) + (ri == 1 ? 48 : 0);
+		uint8_t *w = weights_random(t, rows, cols, stride, &rng);
+		MatmulWeight mw = { .data = w, .type = t, .rows = rows, .cols = cols, .row_stride = stride };
+		for (size_t ti = 0; ti < 3; ti++) {
+			int64_t n_tok = toks[ti];
+			float *x = acts_random(n_tok * cols, &rng);
+			float *yr = malloc((size_t)(n_tok * rows) * sizeof(float));
+			float *y = malloc((size_t)(n_tok * rows) * sizeof(float));
+			double *abs_sum = abs_sums(t, w, stride, rows, cols, x, n_tok);
+
+			ck_assert_int_eq(matmul_ref(&mw, x, yr, n_tok), 0);
+			for (int nth = 1; nth <= 3; nth++) {
+				ThreadPool *tp = NULL;
+				ck_assert_int_eq(threadpool_new(nth, &tp), 0);
+				for (int64_t i = 0; i < n_tok * rows; i++)
+					y[i] = NAN;
+				ck_assert_int_eq(matmul(tp, &mw, x, y, n_tok), 0);
+				for (int64_t i = 0; i < n_tok * rows; i++)
+					ck_assert_msg(fabs(y[i] - yr[i]) <= 1e-5 * abs_sum[i] + 1e-30,
+						      "%s rows=%ld n_tok=%ld nth=%d out %ld: %.9g vs ref %.9g",
+						      wtype_name(t), (long)rows, (long)n_tok, nth, (long)i, y[i], yr[i]);
+				/* Scalar paths in matmul() are the reference, bit for bit. */
+				cpu_features_disable_simd(true);
+				ck_assert_int_eq(matmul(tp, &mw, x, y, n_tok), 0);
+				cpu_features_disable_simd(false);
+				ck_assert_mem_eq(y, yr, (size_t)(n_tok * rows) * sizeof(float));
+				threadpool_free(tp);
+			}
+			for (int64_t r = 0; r < rows; r += 7) {
+				float s = matmul_row_dot(&mw, r, x);
+				ck_assert_msg(fabs(s - yr[r]) <= 1e-5 * abs_sum[r] + 1e-30, "%s row_dot %ld: %g vs %g",
+					      wtype_name(t), (long)r, s, yr[r]);
+			}
+			free(x);
+			free(y);
+			free(yr);
+			free(abs_sum);
+		}
+		free(w);
+	}
+}
+END_TEST
+
+/* A group (q/k/v-like: one input, three weights of different rows and
+ * types sharing an activation format) equals the separate products. */
+START_TEST(test_matmul_group)
+{
+	static const uint32_t groups[][3] = {
+		{ WTYPE_Q4_1, WTYPE_Q4_1, WTYPE_Q5_1 },
+		{ WTYPE_Q4_0, WTYPE_Q8_0, WTYPE_Q5_0 },
+		{ WTYPE_Q4_K, WTYPE_Q6_K, WTYPE_Q4_K },
+		{ WTYPE_F32, WTYPE_F16, WTYPE_BF16 },
+	};
+	const int64_t rows[3] = { 37, 12, 64 }, cols = 512;
+	uint64_t rng = test_seed() ^ 0x5000u;
+
+	for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
+		for (int64_t n_tok = 1; n_tok <= 9; n_tok += 8)
+			for (int nth = 1; nth <= 3; nth += 2) {
+				MatmulWeight mw[3];
+				const MatmulWeight *ws[3];
+				float *ys[3], *yr[3];
+				float *x = acts_random(n_tok * cols, &rng);
+				ThreadPool *tp = NULL;
+				ck_assert_int_eq(threadpool_new(nth, &tp), 0);
+				for (int i = 0; i < 3; i++) {
+					uint32_t t = groups[g][i];
+					size_t stride = wtype_row_bytes(t, cols);
+					mw[i] = (MatmulWeight){ .data = weights_random(t, rows[i], cols, stride, &rng),
+								.type = t, .rows = rows[i], .cols = cols,
+								.row_stride = stride };
+					ws[i] = &mw[i];
+					ys[i] = malloc((size_t)(n_tok * rows[i]) * sizeof(float));
+					yr[i] = malloc((size_t)(n_tok * rows[i]) * sizeof(float));
+					ck_assert_int_eq(matmul(tp, &mw[i], x, yr[i], n_tok), 0);
+				}
+				ck_assert_int_eq(matmul_group(tp, ws, ys, 3, x, n_tok), 0);
+				for (int i = 0; i < 3; i++) {
+					/* Same kernels, same activations: identical results. */
+					ck_assert_mem_eq(ys[i], yr[i], (size_t)(n_tok * rows[i]) * sizeof(float));
+					free((void *)mw[i].data);
+					free(ys[i]);
+					free(yr[i]);
+				}
+				threadpool_free(tp);
+				free(x);
+			}
+}
+END_TEST
+
+START_TEST(test_matmul_rejects)
+{
+	float x[64] = { 0 }, y[4];
+	uint8_t w[4 * 36] = { 0 };
+	MatmulWeight bad_cols = { .data = w, .type = WTYPE_Q4_0, .rows = 2, .cols = 48, .row_stride = 36 };
+	MatmulWeight bad_type = { .data = w, .type = WTYPE_Q8_K, .rows = 2, .cols = 256, .row_stride = 292 };
+	MatmulWeight bad_stride = { .data = w, .type = WTYPE_Q4_0, .rows = 2, .cols = 64, .row_stride = 20 };
+	ck_assert_int_eq(matmul(NULL, &bad_cols, x, y, 1), -EINVAL);
+	ck_assert_int_eq(matmul(NULL, &bad_type, x, y, 1), -EINVAL);
+	ck_assert_int_eq(matmul_ref(&bad_stride, x, y, 1), -EINVAL);
+	ck_assert(isnan(matmul_row_dot(&bad_type, 0, x)));
+
+	/* Groups must share cols and activation format. */
+	uint8_t w2[2 * 144] = { 0 };
+	float y2[8];
+	MatmulWeight a = { .data = w, .type = WTYPE_Q4_0, .rows = 2, .cols = 64, .row_stride = 36 };
+	MatmulWeight b = { .data = w, .type = WTYPE_Q4_1, .rows = 1, .cols = 64, .row_stride = 40 };
+	MatmulWeight c = { .data = w2, .type = WTYPE_Q4_K, .rows = 1, .cols = 256, .row_stride = 144 };
+	MatmulWeight d = { .data = w, .type = WTYPE_Q8_0, .rows = 2, .cols = 32, .row_stride = 34 };
+	const MatmulWeight *ab[] = { &a, &b }, *ac[] = { &a, &c }, *ad[] = { &a, &d };
+	float *ys[] = { y, y2 };
+	ck_assert_int_eq(matmul_group(NULL, ab, ys, 2, x, 1), -EINVAL);
+	ck_assert_int_eq(matmul_group(NULL, ac, ys, 2, x, 1), -EINVAL);
+	ck_assert_int_eq(matmul_group(NULL, ad, ys, 2, x, 1), -EINVAL);
+	ck_assert_int_eq(matmul_group(NULL, ab, ys, 0, x, 1), -EINVAL);
+}
+END_TEST
+
+/* ---- activation quantizers ------------------------------------------ */
+
+/* One Q8_0/Q8_1 block worked by hand: amax 127 gives d = 1, so q is
+ * roundf(x): ties go away from zero. The second block has amax 1: d =
+ * 1/127 rounds to half 0x2008, q = roundf(x * 127.00000x). */
+START_TEST(test_quant_q8_0_hand)
+{
+	float x[64] = { 0 };
+	static const float head[] = { 127.0f, 2.5f, -2.5f, 0.5f, -0.49f, 1.5f, -127.0f, 63.5f, -0.5f };
+	static const int8_t want_head[] = { 127, 3, -3, 1, 0, 2, -127, 64, -1 };
+	memcpy(x, head, sizeof(head));
+	x[32] = 1.0f;
+	x[33] = -0.5f;  /* -63.5 -> -64 */
+	x[34] = 0.25f;  /* 31.75 -> 32 */
+
+	BlockQ8_0 b0[2], b0s[2];
+	BlockQ8_1 b1[2], b1s[2];
+	quant_act_q8_0_ref(x, b0, 64);
+	quant_act_q8_1_ref(x, b1, 64);
+	ck_assert_uint_eq(b0[0].d, 0x3C00);
+	ck_assert_uint_eq(b1[0].d, 0x3C00);
+	for (int j = 0; j < 32; j++) {
+		int8_t want = j < 9 ? want_head[j] : 0;
+		ck_assert_int_eq(b0[0].qs[j], want);
+		ck_assert_int_eq(b1[0].qs[j], want);
+	}
+	/* s = d * sum(q) = 127 + 3 - 3 + 1 + 0 + 2 - 127 + 64 - 1 = 66 */
+	ck_assert_uint_eq(b1[0].s, 0x5420);
+	ck_assert_uint_eq(b0[1].d, 0x2008);
+	ck_assert_int_eq(b0[1].qs[0], 127);
+	ck_assert_int_eq(b0[1].qs[1], -64);
+	ck_assert_int_eq(b0[1].qs[2], 32);
+	ck_assert_int_eq(b0[1].qs[3], 0);
+	/* s = (127 - 64 + 32) / 127 = 0.748..., half 0x39FC */
+	ck_assert_uint_eq(b1[1].s, f32_to_half(95.0f * (1.0f / 127.0f)));
+	ck_assert_uint_eq(b1[1].s, 0x39FC);
+
+	if (simd_available()) {
+		quant_act_q8_0_avx2(x, b0s, 64);
+		quant_act_q8_1_avx2(x, b1s, 64);
+		ck_assert_mem_eq(b0s, b0, sizeof(b0));
+		ck_assert_mem_eq(b1s, b1, sizeof(b1));
+	}
+}
+END_TEST
+
+/* Q8_K: the signed value of largest magnitude sets iscale = -127 / max
+ * (first one wins), d = 1 / iscale; rounding is half to even. */
+START_TEST(test_quant_q8_K_hand)
+{
+	float x[512] = { 0 };
+	static const float head[] = { -127.0f, 2.5f, -2.5f, 0.5f, 1.5f, 3.5f, -0.75f, 100.2f, 0, 127.0f };
+	static const int8_t want_head[] = { -127, 2, -2, 0, 2, 4, -1, 100, 0, 127 };
+	memcpy(x, head, sizeof(head));
+	x[16] = 5.0f;
+	x[31] = -6.0f;
+	/* Second block: max +127 -> iscale -1, d = -1, q = -x. */
+	x[256] = 10.0f;
+	x[300] = 127.0f;
+	x[301] = -127.0f;
+	x[302] = 0.5f;
+
+	BlockQ8_K b[2], bs[2];
+	quant_act_q8_K_ref(x, b, 512);
+	ck_assert_float_eq(b[0].d, 1.0f);
+	for (int j = 0; j < 10; j++)
+		ck_assert_int_eq(b[0].qs[j], want_head[j]);
+	ck_assert_int_eq(b[0].qs[16], 5);
+	ck_assert_int_eq(b[0].qs[31], -6);
+	ck_assert_int_eq(b[0].bsums[0], -127 + 2 - 2 + 0 + 2 + 4 - 1 + 100 + 0 + 127);
+	ck_assert_int_eq(b[0].bsums[1], -1);
+	for (int g = 2; g < 16; g++)
+		ck_assert_int_eq(b[0].bsums[g], 0);
+
+	ck_assert_float_eq(b[1].d, -1.0f);
+	ck_assert_int_eq(b[1].qs[0], -10);
+	ck_assert_int_eq(b[1].qs[44], -127);
+	ck_assert_int_eq(b[1].qs[45], 127);
+	ck_assert_int_eq(b[1].qs[46], 0);
+	ck_assert_int_eq(b[1].bsums[0], -10);
+	ck_assert_int_eq(b[1].bsums[2], 0);
+
+	if (simd_available()) {
+		quant_act_q8_K_avx2(x, bs, 512);
+		ck_assert_mem_eq(bs, b, sizeof(b));
+	}
+}
+END_TEST
+
+START_TEST(test_quant_zero_block)
+{
+	float x[256] = { 0 };
+	BlockQ8_K k;
+	BlockQ8_0 q;
+	memset(&k, 0x55, sizeof(k));
+	quant_act_q8_K_ref(x, &k, 256);
+	ck_assert_float_eq(k.d, 0.0f);
+	for (int j = 0; j < 16; j++)
+		ck_assert_int_eq(k.bsums[j], 0);
+	quant_act_q8_0_ref(x, &q, 32);
+	ck_assert_uint_eq(q.d, 0);
+	for (int j = 0; j < 32; j++)
+		ck_assert_int_eq(q.qs[j], 0);
+}
+END_TEST
+
+/* AVX2 quantizers produce the reference's bytes, ties included. */
+START_TEST(test_quant_avx2_identical)
+{
+	uint64_t rng = test_seed() ^ 0x4000u;
+	const int64_t n = 4096;
+
+	if (!simd_available())
+		return;
+	float *x = malloc(n * sizeof(float));
+	void *a = malloc(wtype_row_bytes(WTYPE_Q8_K, n)), *b = malloc(wtype_row_bytes(WTYPE_Q8_K, n));
+	for (int rep = 0; rep < 200; rep++) {
+		for (int64_t i = 0; i < n; i++) {
+			float v = test_rand_normal(&rng) * (rep % 5 == 0 ? 1e-3f : 3.0f);
+			/* Half-integer multiples of the scale make ties likely. */
+			if (rep % 3 == 1)
+				v = (float)((int)(v * 8.0f)) * 0.5f;
+			if (rep % 7 == 2 && i < 300)
+				v = 0.0f;
+			x[i] = v;
+		}
+		const uint32_t ts[] = { WTYPE_Q8_0, WTYPE_Q8_1, WTYPE_Q8_K };
+		for (int k = 0; k < 3; k++) {
+			size_t bytes = wtype_row_bytes(ts[k], n);
+			quant_act_row(ts[k], x, a, n, false);
+			quant_act_row(ts[k], x, b, n, true);
+			ck_assert_msg(memcmp(a, b, bytes) == 0, "%s rep %d differs", wtype_name(ts[k]), rep);
+		}
+	}
+	free(x);
+	free(a);
+	free(b);
+}
+END_TEST
+
+START_TEST(test_act_types)
+{
+	ck_assert_int_eq(quant_act_type_for(WTYPE_Q4_0), WTYPE_Q8_0);
+	ck_assert_int_eq(quant_act_type_for(WTYPE_Q4_1), WTYPE_Q8_1);
+	ck_assert_int_eq(quant_act_type_for(WTYPE_Q5_1), WTYPE_Q8_1);
+	ck_assert_int_eq(quant_act_type_for(WTYPE_Q8_0), WTYPE_Q8_0);
+	ck_assert_int_eq(quant_act_type_for(WTYPE_Q6_K), WTYPE_Q8_K);
+	ck_assert_int_eq(quant_act_type_for(WTYPE_BF16), WTYPE_F32);
+	ck_assert_int_eq(quant_act_type_for(WTYPE_Q8_K), -1);
+}
+END_TEST
+
+/* TURBOKV_NO_SIMD=1 turns the fast paths off from the first query on;
+ * needs a fresh process, so only under Check's default fork mode. */
+START_TEST(test_no_simd_env)
+{
+	const char *fork_mode = getenv("CK_FORK");
+	if (fork_mode && strcmp(fork_mode, "no") == 0)
+		return;
+	setenv("TURBOKV_NO_SIMD", "1", 1);
+	const CpuFeatures *f = cpu_features();
+	ck_assert(!f->avx2 && !f->fma && !f->f16c);
+	cpu_features_disable_simd(false);
+	unsetenv("TURBOKV_NO_SIMD");
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("matmul");
+	TCase *tq = tcase_create("quant_act");
+	TCase *tv = tcase_create("vec_dot");
+	TCase *tm = tcase_create("matmul");
+
+	tcase_add_test(tq, test_quant_q8_0_hand);
+	tcase_add_test(tq, test_quant_q8_K_hand);
+	tcase_add_test(tq, test_quant_zero_block);
+	tcase_add_test(tq, test_quant_avx2_identical);
+	tcase_add_test(tq, test_act_types);
+	tcase_add_test(tq, test_no_simd_env);
+	tcase_add_loop_test(tv, test_vec_dot, 0, N_TYPES);
+	tcase_add_loop_test(tv, test_vec_dot_multi, 0, N_TYPES);
+	tcase_set_timeout(tm, 120);
+	tcase_add_loop_test(tm, test_matmul_threads, 0, N_TYPES);
+	tcase_add_test(tm, test_matmul_group);
+	tcase_add_test(tm, test_matmul_rejects);
+	suite_add_tcase(s, tq);
+	suite_add_tcase(s, tv);
+	suite_add_tcase(s, tm);
+	return test_run_suite(s);
+}

@@ -1,0 +1,208 @@
+/*
+ * cmd_bench.c: `turbokv-lab bench`, prompt and decode throughput.
+ *
+ * Measures what llama-bench measures, the same way, so the two can be
+ * compared line by line: pp N = one batched prefill of N tokens into an
+ * empty cache; tg N = N single-token decode steps starting from an empty
+ * cache. Tokens are random ids (content does not change the work). Each
+ * test runs once as a warm-up, then --repetitions times; we report the
+ * median and the standard deviation of tokens per second.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "lab.h"
+#include "engine/wtype.h"
+
+typedef struct BenchOptions {
+	LabCommon common;
+	long n_prompt;
+	long n_gen;
+	long reps;
+} BenchOptions;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: turbokv-lab bench [OPTIONS]\n\n"
+		"  -p, --n-prompt N     prompt tokens for the prefill test (default 512, 0: skip)\n"
+		"  -n, --n-gen N        tokens for the decode test (default 128, 0: skip)\n"
+		"  -r, --repetitions N  measured runs per test (default 5)\n"
+		LAB_COMMON_HELP);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+typedef struct BenchResult {
+	const char *test;
+	long n;
+	double median_tps;
+	double stdev_tps;
+} BenchResult;
+
+/* One timed run: seconds for the test, or a negative value on failure. */
+static double bench_once(const Model *m, ModelRun *run, KvCache *kv, const int32_t *tokens, long n,
+			 bool prefill, float *logits)
+{
+	kvcache_set_n_tokens(kv, 0);
+	uint64_t t0 = now_ns();
+	if (prefill) {
+		if (model_eval(m, run, kv, tokens, n, logits, NULL) != 0)
+			return -1;
+	} else {
+		for (long i = 0; i < n; i++)
+			if (model_eval(m, run, kv, &tokens[i], 1, logits, NULL) != 0)
+				return -1;
+	}
+	return (now_ns() - t0) / 1e9;
+}
+
+static int bench_test(const Model *m, ModelRun *run, KvCache *kv, const int32_t *tokens,
+		      const BenchOptions *o, bool prefill, float *logits, BenchResult *ret)
+{
+	long n = prefill ? o->n_prompt : o->n_gen;
+	double tps[64];
+	long reps = MIN(o->reps, (long)ARRAY_SIZE(tps));
+	if (bench_once(m, run, kv, tokens, n, prefill, logits) < 0) /* warm-up */
+		return -1;
+	double mean = 0.0;
+	for (long i = 0; i < reps; i++) {
+		double s = bench_once(m, run, kv, tokens, n, prefill, logits);
+		if (s < 0)
+			return -1;
+		tps[i] = n / s;
+		mean += tps[i] / reps;
+	}
+	double var = 0.0;
+	for (long i = 0; i < reps; i++)
+		var += (tps[i] - mean) * (tps[i] - mean);
+	qsort(tps, reps, sizeof(double), cmp_double);
+	*ret = (BenchResult){
+		.test = prefill ? "pp" : "tg",
+		.n = n,
+		.median_tps = reps % 2 ? tps[reps / 2] : (tps[reps / 2 - 1] + tps[reps / 2]) / 2,
+		.stdev_tps = reps > 1 ? sqrt(var / (reps - 1)) : 0.0,
+	};
+	return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	enum { OPT_HELP = 0x2000 };
+	static const struct option longopts[] = {
+		LAB_COMMON_LONGOPTS,
+		{ "n-prompt", required_argument, NULL, 'p' },
+		{ "n-gen", required_argument, NULL, 'n' },
+		{ "repetitions", required_argument, NULL, 'r' },
+		{ "help", no_argument, NULL, OPT_HELP },
+		{}
+	};
+	BenchOptions o = { .n_prompt = 512, .n_gen = 128, .reps = 5 };
+	int c, r;
+	lab_common_init(&o.common);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, LAB_COMMON_SHORTOPTS "p:n:r:", longopts, NULL)) != -1) {
+		if ((r = lab_common_option(&o.common, c, optarg)) != 0) {
+			if (r < 0)
+				return LAB_EXIT_USAGE;
+			continue;
+		}
+		switch (c) {
+		case 'p':
+			if ((o.n_prompt = lab_parse_long("--n-prompt", optarg, 0, 1 << 20)) < 0)
+				return LAB_EXIT_USAGE;
+			break;
+		case 'n':
+			if ((o.n_gen = lab_parse_long("--n-gen", optarg, 0, 1 << 20)) < 0)
+				return LAB_EXIT_USAGE;
+			break;
+		case 'r':
+			if ((o.reps = lab_parse_long("--repetitions", optarg, 1, 64)) < 0)
+				return LAB_EXIT_USAGE;
+			break;
+		case OPT_HELP: usage(stdout); return LAB_EXIT_OK;
+		default: usage(stderr); return LAB_EXIT_USAGE;
+		}
+	}
+	if (optind < argc) {
+		usage(stderr);
+		return LAB_EXIT_USAGE;
+	}
+
+	_cleanup_(model_freep) Model *m = NULL;
+	if (lab_load(&o.common, &m, NULL) < 0)
+		return LAB_EXIT_FAILURE;
+
+	int64_t n_ctx = MAX(o.n_prompt, o.n_gen);
+	if (n_ctx < 1)
+		return LAB_EXIT_OK;
+	ThreadPool *tp = NULL;
+	_cleanup_(kvcache_freep) KvCache *kv = NULL;
+	_cleanup_(model_run_freep) ModelRun *run = NULL;
+	KvCacheShape shape = model_kv_shape(m, n_ctx);
+	_cleanup_(freep) int32_t *tokens = malloc_array(n_ctx, sizeof(int32_t));
+	_cleanup_(freep) float *logits = malloc_array(m->cfg.n_vocab, sizeof(float));
+	if (!tokens || !logits || threadpool_new(o.common.threads, &tp) < 0 ||
+	    kvcache_new_f32(&shape, &kv) < 0 || model_run_new(m, 512, tp, &run) < 0) {
+		fprintf(stderr, "turbokv-lab: out of memory\n");
+		threadpool_free(tp);
+		return LAB_EXIT_FAILURE;
+	}
+	uint64_t seed = 42;
+	for (int64_t i = 0; i < n_ctx; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		tokens[i] = (int32_t)((seed >> 33) % (uint64_t)m->cfg.n_vocab);
+	}
+
+	BenchResult res[2];
+	int n_res = 0;
+	r = 0;
+	if (o.n_prompt > 0)
+		r = bench_test(m, run, kv, tokens, &o, true, logits, &res[n_res++]);
+	if (r == 0 && o.n_gen > 0)
+		r = bench_test(m, run, kv, tokens, &o, false, logits, &res[n_res++]);
+	threadpool_free(tp);
+	if (r != 0) {
+		fprintf(stderr, "turbokv-lab: benchmark evaluation failed\n");
+		return LAB_EXIT_FAILURE;
+	}
+
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	char desc[256];
+	model_describe(m, desc, sizeof(desc));
+	const char *base = strrchr(o.common.model_path, '/');
+	base = base ? base + 1 : o.common.model_path;
+	if (o.common.json) {
+		printf("{\"model\": ");
+		json_write_string(stdout, base, strlen(base));
+		printf(", \"model_bytes\": %zu, \"threads\": %d, \"kv\": \"f32\", \"peak_rss_bytes\": %ld, \"results\": [",
+		       gguf_file_size(m->gguf), o.common.threads, ru.ru_maxrss * 1024L);
+		for (int i = 0; i < n_res; i++)
+			printf("%s{\"test\": \"%s%ld\", \"tokens_per_s\": %.2f, \"stdev\": %.2f, \"repetitions\": %ld}",
+			       i ? ", " : "", res[i].test, res[i].n, res[i].median_tps, res[i].stdev_tps, o.reps);
+		printf("]}\n");
+	} else {
+		printf("model: %s (%s)\n", base, desc);
+		printf("| %-36s | %9s | %7s | %8s | %22s |\n", "model", "size", "threads", "test", "t/s (median ± sd)");
+		printf("| %.36s | %.9s | %.7s | %.8s | %.22s |\n", "------------------------------------",
+		       "---------", "-------", "--------", "----------------------");
+		for (int i = 0; i < n_res; i++) {
+			char test[32];
+			snprintf(test, sizeof(test), "%s%ld", res[i].test, res[i].n);
+			printf("| %-36.36s | %5.1f MiB | %7d | %8s | %12.2f ± %7.2f |\n", base,
+			       gguf_file_size(m->gguf) / 1048576.0, o.common.threads, test, res[i].median_tps,
+			       res[i].stdev_tps);
+		}
+		printf("peak RSS: %.1f MiB, KV cache f32, %zu bytes/token\n", ru.ru_maxrss / 1024.0,
+		       kvcache_bytes_per_token(kv));
+	}
+	return LAB_EXIT_OK;
+}

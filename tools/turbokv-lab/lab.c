@@ -1,0 +1,168 @@
+/* lab.c: shared option handling, loading and output for turbokv-lab. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lab.h"
+
+const char *lab_default_model_path(char *buf, size_t size)
+{
+	const char *e = getenv("TURBOKV_MODEL");
+	if (e && *e) {
+		snprintf(buf, size, "%s", e);
+		return buf;
+	}
+	const char *xdg = getenv("XDG_CACHE_HOME");
+	if (xdg && *xdg)
+		snprintf(buf, size, "%s/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
+	else
+		snprintf(buf, size, "%s/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+			 getenv("HOME") ? getenv("HOME") : ".");
+	return buf;
+}
+
+void lab_common_init(LabCommon *c)
+{
+	static char path[4096];
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	*c = (LabCommon){
+		.model_path = lab_default_model_path(path, sizeof(path)),
+		.threads = (int)(n < 1 ? 1 : n > 8 ? 8 : n),
+		.ctx = 0,
+		.json = false,
+	};
+}
+
+long lab_parse_long(const char *opt, const char *arg, long min, long max)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(arg, &end, 10);
+	if (errno || end == arg || *end || v < min || v > max) {
+		fprintf(stderr, "turbokv-lab: %s: '%s' is not an integer in [%ld, %ld]\n", opt, arg, min,
+			max);
+		return -1;
+	}
+	return v;
+}
+
+double lab_parse_double(const char *opt, const char *arg, double min, double max)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(arg, &end);
+	if (errno || end == arg || *end || !(v >= min && v <= max)) {
+		fprintf(stderr, "turbokv-lab: %s: '%s' is not a number in [%g, %g]\n", opt, arg, min, max);
+		return -1e300;
+	}
+	return v;
+}
+
+int lab_common_option(LabCommon *c, int opt, const char *arg)
+{
+	long v;
+	switch (opt) {
+	case LAB_OPT_MODEL:
+		c->model_path = arg;
+		return 1;
+	case LAB_OPT_THREADS:
+		if ((v = lab_parse_long("--threads", arg, 1, 256)) < 0)
+			return -1;
+		c->threads = (int)v;
+		return 1;
+	case LAB_OPT_CTX:
+		if ((v = lab_parse_long("--ctx", arg, 1, 1 << 24)) < 0)
+			return -1;
+		c->ctx = v;
+		return 1;
+	case LAB_OPT_JSON:
+		c->json = true;
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+int lab_load(const LabCommon *c, Model **ret_model, Tokenizer **ret_tok)
+{
+	Error err = { 0 };
+	_cleanup_(model_freep) Model *m = NULL;
+	int r = model_load(c->model_path, &m, &err);
+	if (r != 0) {
+		if (r < 0 && !err.msg[0])
+			fprintf(stderr, "turbokv-lab: cannot load model %s: %s\n", c->model_path, strerror(-r));
+		else
+			fprintf(stderr, "turbokv-lab: cannot load model %s: %s\n", c->model_path, err.msg);
+		if (r == -ENOENT)
+			fprintf(stderr, "turbokv-lab: run scripts/setup.sh to fetch the default model\n");
+		return -1;
+	}
+	if (ret_tok) {
+		r = tokenizer_new_from_gguf(m->gguf, ret_tok, &err);
+		if (r != 0) {
+			fprintf(stderr, "turbokv-lab: %s: tokenizer: %s\n", c->model_path,
+				r < 0 ? strerror(-r) : err.msg);
+			return -1;
+		}
+	}
+	*ret_model = TAKE_PTR(m);
+	return 0;
+}
+
+void json_write_string(FILE *f, const char *s, size_t len)
+{
+	fputc('"', f);
+	for (size_t i = 0; i < len; i++) {
+		unsigned char ch = (unsigned char)s[i];
+		switch (ch) {
+		case '"': fputs("\\\"", f); break;
+		case '\\': fputs("\\\\", f); break;
+		case '\n': fputs("\\n", f); break;
+		case '\r': fputs("\\r", f); break;
+		case '\t': fputs("\\t", f); break;
+		default:
+			if (ch < 0x20)
+				fprintf(f, "\\u%04x", ch);
+			else
+				fputc(ch, f);
+		}
+	}
+	fputc('"', f);
+}
+
+char *lab_read_file(const char *path, size_t *ret_len)
+{
+	FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+	if (!f) {
+		fprintf(stderr, "turbokv-lab: cannot open %s: %s\n", path, strerror(errno));
+		return NULL;
+	}
+	size_t cap = 1 << 16, len = 0, n;
+	char *buf = malloc(cap + 1);
+	while (buf && (n = fread(buf + len, 1, cap - len, f)) > 0) {
+		len += n;
+		if (len == cap) {
+			char *nb = cap > (1u << 30) ? NULL : realloc(buf, cap * 2 + 1);
+			if (!nb) {
+				free(buf);
+				buf = NULL;
+				break;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+	}
+	bool failed = ferror(f) || !buf;
+	if (f != stdin)
+		fclose(f);
+	if (failed) {
+		fprintf(stderr, "turbokv-lab: cannot read %s\n", path);
+		free(buf);
+		return NULL;
+	}
+	buf[len] = 0;
+	*ret_len = len;
+	return buf;
+}
