@@ -60,33 +60,9 @@ void vec_dot_q4_K_ref(int64_t n, float *s, const void *vw, const void *va);
 void vec_dot_q5_K_ref(int64_t n, float *s, const void *vw, const void *va);
 void vec_dot_q6_K_ref(int64_t n, float *s, const void *vw, const void *va);
 
-/*
- * The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's
- * scales[12]: j < 4 in the low 6 bits of bytes j / j + 4; j >= 4 in the
- * nibbles of bytes j + 4 with their top two bits in the tops of bytes
- * j - 4 / j.
- */
-static inline void vec_dot_k4_scale_min(int j, const uint8_t *q, uint8_t *ret_sc, uint8_t *ret_m)
-{
-	if (j < 4) {
-		*ret_sc = q[j] & 63;
-		*ret_m = q[j + 4] & 63;
-	} else {
-		*ret_sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-		*ret_m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-	}
-}
-
-/*
- * The 16 signed scales of a Q3_K block from its scales[12]: scale i has
- * its low nibble in byte i % 8 (low nibble for i < 8, high for i >= 8)
- * and its top two bits in byte 8 + i % 4 at bit 2 * (i / 4); minus 32.
- */
+/* Q3_K's 16 signed scales of one super-block (see wtype_q3k_scale). */
 static inline void vec_dot_k3_scales(const uint8_t *q, int8_t ret_sc[16])
 {
-	for (int i = 0; i < 16; i++) {
-		int lo = i < 8 ? q[i] & 0xF : q[i - 8] >> 4;
-		int hi = (q[8 + i % 4] >> (2 * (i / 4))) & 3;
-		ret_sc[i] = (int8_t)((lo | (hi << 4)) - 32);
-	}
+	for (int i = 0; i < 16; i++)
+		ret_sc[i] = (int8_t)wtype_q3k_scale(q, i);
 }

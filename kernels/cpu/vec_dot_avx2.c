@@ -486,7 +486,7 @@ static inline __m256i k45_block_isum(const uint8_t *qs, const uint8_t *qh, const
 	uint8_t sc[8], mn[8];
 	int msum = 0;
 	for (int j = 0; j < 8; j++) {
-		vec_dot_k4_scale_min(j, scales, &sc[j], &mn[j]);
+		wtype_q4k_scale_min(scales, j, &sc[j], &mn[j]);
 		msum += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
 	}
 	*ret_msum = msum;

@@ -227,7 +227,7 @@ static float k_dot_q45(tkv_half d, tkv_half dmin, const uint8_t *scales, const i
 	int isum = 0, msum = 0;
 	for (int j = 0; j < QK_K / 32; j++) {
 		uint8_t sc, m;
-		vec_dot_k4_scale_min(j, scales, &sc, &m);
+		wtype_q4k_scale_min(scales, j, &sc, &m);
 		isum += sc * isum_range(q + 32 * j, a->qs + 32 * j, 32);
 		msum += m * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
 	}
