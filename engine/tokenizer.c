@@ -1222,7 +1222,13 @@ static int bpe_word(const Tokenizer *t, const char *s, size_t n, Work *w, IdVec 
 			m += t->byte_sym_len[b];
 		}
 		id = vocab_lookup(t, w->buf, m);
-		if (id >= 0)
+		/*
+		 * Only the BPE model's own tokens: a control or unknown token
+		 * spelled as one word ("<|>") must not come out of plain text
+		 * (HF keeps those among the added tokens, outside the model's
+		 * vocab; llama.cpp would emit it here).
+		 */
+		if (id >= 0 && t->type[id] != TOKEN_TYPE_CONTROL && t->type[id] != TOKEN_TYPE_UNKNOWN)
 			return idvec_push(out, id);
 	}
 
