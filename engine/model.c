@@ -28,7 +28,10 @@ static int arch_key(const Loader *ld, const char *suffix, char *buf, size_t size
 	return n > 0 && (size_t)n < size ? 0 : -ENAMETOOLONG;
 }
 
-/* Integer metadata "<arch>.<suffix>", required unless def >= 0. */
+/*
+ * Integer metadata "<arch>.<suffix>" in [1, max]; when absent, def if
+ * def >= 0 (returned as is, so 0 can mean "not given"), else an error.
+ */
 static int get_int(const Loader *ld, const char *suffix, int64_t def, int64_t max, int *ret)
 {
 	char key[128];
@@ -37,9 +40,11 @@ static int get_int(const Loader *ld, const char *suffix, int64_t def, int64_t ma
 	if (r < 0)
 		return r;
 	r = gguf_get_i64(ld->m->gguf, key, &v);
-	if (r == GGUF_E_NOT_FOUND && def >= 0)
-		v = def;
-	else if (r != 0)
+	if (r == GGUF_E_NOT_FOUND && def >= 0) {
+		*ret = (int)def;
+		return 0;
+	}
+	if (r != 0)
 		return error_set(ld->err, MODEL_E_INVALID, "metadata %s: %s", key,
 				 r == GGUF_E_NOT_FOUND ? "missing" : "not an integer");
 	if (v < 1 || v > max)
@@ -94,11 +99,15 @@ static int load_config(Loader *ld)
 	    (r = get_int(ld, "attention.head_count_kv", c->n_heads, 1024, &c->n_kv_heads)) ||
 	    (r = get_int(ld, "context_length", 2048, 1 << 24, &c->n_ctx_train)))
 		return r;
-	if (c->dim % c->n_heads)
-		return error_set(ld->err, MODEL_E_INVALID, "embedding_length %d not divisible by %d heads",
-				 c->dim, c->n_heads);
-	if ((r = get_int(ld, "attention.key_length", c->dim / c->n_heads, 1024, &c->head_dim)))
+	/* head_dim: explicit key_length, else dim / n_heads (which must then divide) */
+	if ((r = get_int(ld, "attention.key_length", 0, 1024, &c->head_dim)))
 		return r;
+	if (c->head_dim == 0) {
+		if (c->dim % c->n_heads)
+			return error_set(ld->err, MODEL_E_INVALID, "embedding_length %d not divisible by %d heads",
+					 c->dim, c->n_heads);
+		c->head_dim = c->dim / c->n_heads;
+	}
 	int vlen;
 	if ((r = get_int(ld, "attention.value_length", c->head_dim, 1024, &vlen)))
 		return r;
@@ -116,21 +125,28 @@ static int load_config(Loader *ld)
 	    (r = get_float(ld, "rope.freq_base", 10000.0f, &c->rope_base)))
 		return r;
 
-	/* RoPE scaling: none, or linear (positions divided by the factor). */
-	c->rope_freq_scale = 1.0f;
+	/*
+	 * RoPE scaling, read as llama.cpp reads it: the type defaults to
+	 * linear, the factor comes from rope.scaling.factor or the legacy
+	 * rope.scale_linear, and positions are divided by it (none and linear
+	 * both apply a factor that is present). Other types are refused.
+	 */
 	char key[128];
 	arch_key(ld, "rope.scaling.type", key, sizeof(key));
-	if (gguf_get_str(ld->m->gguf, key, &s) == 0 && !gguf_str_eq(s, "none")) {
-		if (!gguf_str_eq(s, "linear"))
-			return error_set(ld->err, MODEL_E_UNSUPPORTED, "rope scaling '%.*s' is not supported",
-					 (int)MIN(s.len, 32), s.ptr);
-		float factor;
-		if ((r = get_float(ld, "rope.scaling.factor", 1.0f, &factor)))
-			return r;
-		if (factor <= 0.0f)
-			return error_set(ld->err, MODEL_E_INVALID, "rope.scaling.factor %g", factor);
-		c->rope_freq_scale = 1.0f / factor;
-	}
+	r = gguf_get_str(ld->m->gguf, key, &s);
+	if (r == GGUF_E_WRONG_TYPE)
+		return error_set(ld->err, MODEL_E_INVALID, "metadata %s is not a string", key);
+	if (r == 0 && !gguf_str_eq(s, "none") && !gguf_str_eq(s, "linear"))
+		return error_set(ld->err, MODEL_E_UNSUPPORTED, "rope scaling '%.*s' is not supported",
+				 (int)MIN(s.len, 32), s.ptr);
+	float factor;
+	if ((r = get_float(ld, "rope.scaling.factor", 0.0f, &factor)))
+		return r;
+	if (factor == 0.0f && (r = get_float(ld, "rope.scale_linear", 0.0f, &factor)))
+		return r;
+	if (factor < 0.0f)
+		return error_set(ld->err, MODEL_E_INVALID, "rope scaling factor %g is negative", factor);
+	c->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
 	return 0;
 }
 

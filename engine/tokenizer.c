@@ -1,130 +1,35 @@
 /*
- * tokenizer.c: text <-> token ids for byte-level BPE ("gpt2") and
- * SentencePiece ("llama") vocabularies stored in GGUF metadata.
+ * tokenizer.c: the Tokenizer object: text <-> token ids for byte-level
+ * BPE ("gpt2") and SentencePiece ("llama") vocabularies stored in GGUF
+ * metadata.
  *
- * Owns the vocabulary copy, its hash index, the BPE merge table, the
- * decoded pieces and the special-token list. Does not own the GGUF file
- * (everything is copied at load) nor chat templates (chat.c).
+ * Owns the vocabulary copy (from GGUF or a TokenizerVocab), its hash
+ * index, the decoded pieces, the special-token list and matching, and the
+ * public API. Does not own the GGUF file (everything is copied at load),
+ * the pre-tokenizers (pretokenize.c), the merging (bpe.c, spm.c) nor chat
+ * templates (chat.c).
  *
  * The behaviour follows llama.cpp's llama-vocab.cpp, our golden reference:
  * special tokens are split out longest first, then each text fragment is
- * pre-tokenized by the model's regex (hand-coded here, see the split_*
- * stages) and merged word by word, lowest merge rank first (BPE) or
- * highest score first (SentencePiece), ties to the leftmost pair.
+ * pre-tokenized by the model's regex and merged word by word, lowest
+ * merge rank first (BPE) or highest score first (SentencePiece), ties to
+ * the leftmost pair.
  */
 #include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bpe.h"
+#include "pretokenize.h"
+#include "spm.h"
+#include "symbols.h"
+#include "tokenizer-internal.h"
 #include "tokenizer.h"
-#include "unicode.h"
 
-typedef enum TokModel {
-	MODEL_BPE,
-	MODEL_SPM,
-} TokModel;
-
-/* Pre-tokenizers: which split stages run, see pre_stages(). */
-typedef enum PreType {
-	PRE_DEFAULT,     /* llama.cpp "default": punctuation runs, gpt2, digit runs, 3-digit groups */
-	PRE_GPT2,        /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-	PRE_DIGITS_GPT2, /* \p{N} isolated one by one, then gpt2 (smollm, starcoder) */
-	PRE_LLAMA3,      /* llama3 regex, \p{N}{1,3} */
-	PRE_QWEN2,       /* llama3 regex with \p{N} single digits */
-} PreType;
-
-static const struct {
-	const char *name;
-	PreType pre;
-	bool ignore_merges; /* a word that is a token is taken whole */
-	bool add_bos;       /* default when tokenizer.ggml.add_bos_token is absent */
-} pre_names[] = {
-	{ "default", PRE_DEFAULT, false, false },
-	{ "gpt2", PRE_GPT2, false, false },
-	{ "gpt-2", PRE_GPT2, false, false },
-	{ "phi-2", PRE_GPT2, false, false },
-	{ "mpt", PRE_GPT2, false, false },
-	{ "olmo", PRE_GPT2, false, false },
-	{ "smollm", PRE_DIGITS_GPT2, false, false },
-	{ "starcoder", PRE_DIGITS_GPT2, false, false },
-	{ "refact", PRE_DIGITS_GPT2, false, false },
-	{ "command-r", PRE_DIGITS_GPT2, false, false },
-	{ "codeshell", PRE_DIGITS_GPT2, false, false },
-	{ "llama3", PRE_LLAMA3, true, true },
-	{ "llama-v3", PRE_LLAMA3, true, true },
-	{ "llama-bpe", PRE_LLAMA3, true, true },
-	{ "falcon3", PRE_LLAMA3, true, true },
-	{ "dbrx", PRE_LLAMA3, false, false },
-	{ "smaug-bpe", PRE_LLAMA3, false, false },
-	{ "qwen2", PRE_QWEN2, false, false },
-	{ "deepseek-r1-qwen", PRE_QWEN2, false, false },
-	{ "stablelm2", PRE_QWEN2, false, false },
-};
-
-typedef struct MergeSlot {
-	uint64_t key;    /* left id << 32 | right id; MERGE_EMPTY if free */
-	int32_t rank;
-	int32_t result;  /* id of left + right */
-} MergeSlot;
-
-#define MERGE_EMPTY UINT64_MAX
 #define MAX_TOKENS ((size_t)1 << 24)
 
-struct Tokenizer {
-	TokModel model;
-	PreType pre;
-	bool ignore_merges;
-	bool add_bos;
-	bool add_space_prefix;
-	int32_t n_vocab;
-	int32_t bos, eos, eot, eom, unk;
-
-	char *text;           /* token texts as stored, concatenated */
-	size_t *text_off;     /* (n_vocab + 1) */
-	char *piece;          /* decoded pieces, concatenated */
-	size_t *piece_off;    /* (n_vocab + 1) */
-	uint8_t *type;        /* (n_vocab) TOKEN_TYPE_*, 0 for unknown values */
-	uint8_t *eog;         /* (n_vocab) 1 if the token ends a generation */
-	float *score;         /* (n_vocab) SentencePiece scores, NULL for BPE */
-
-	int32_t *slots;       /* (slot_mask + 1) text -> id hash, -1 free */
-	size_t slot_mask;
-	MergeSlot *merges;    /* (merge_mask + 1) BPE merges, NULL for SPM */
-	size_t merge_mask;
-	int32_t byte_token[256]; /* id encoding each byte alone, -1 if none */
-	char byte_sym[256][2];   /* BPE: UTF-8 of each byte's code point */
-	uint8_t byte_sym_len[256];
-
-	int32_t *special;     /* (n_special) ids matched verbatim, longest text first */
-	size_t n_special;
-};
-
-/* ---- GPT-2 byte <-> code point mapping ---------------------------------- */
-
-/*
- * bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other
- * 68 bytes to U+0100.. in byte order, so every byte is one visible code
- * point (' ' is U+0120 'Ġ', '\n' is U+010A 'Ċ').
- */
-#define BYTE_CP_MAX 0x144
-
-static void byte_cp_tables(uint32_t b2c[256], int16_t c2b[BYTE_CP_MAX])
-{
-	uint32_t extra = 256;
-
-	for (size_t i = 0; i < BYTE_CP_MAX; i++)
-		c2b[i] = -1;
-	for (uint32_t b = 0; b < 256; b++) {
-		bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) ||
-				 (b >= 0xae && b <= 0xff);
-		b2c[b] = printable ? b : extra++;
-		c2b[b2c[b]] = (int16_t)b;
-	}
-	assert(extra == BYTE_CP_MAX);
-}
-
-/* ---- hashing ------------------------------------------------------------ */
+/* ---- the vocabulary index ----------------------------------------------- */
 
 static uint64_t hash_bytes(const char *s, size_t n)
 {
@@ -136,29 +41,7 @@ static uint64_t hash_bytes(const char *s, size_t n)
 	return h ^ (h >> 29);
 }
 
-static uint64_t hash_u64(uint64_t k)
-{
-	k ^= k >> 33;
-	k *= 0xff51afd7ed558ccdull;
-	k ^= k >> 33;
-	return k;
-}
-
-static size_t pow2_at_least(size_t n)
-{
-	size_t p = 16;
-	while (p < n)
-		p <<= 1;
-	return p;
-}
-
-static const char *tok_text(const Tokenizer *t, int32_t id, size_t *ret_len)
-{
-	*ret_len = t->text_off[id + 1] - t->text_off[id];
-	return t->text + t->text_off[id];
-}
-
-static int32_t vocab_lookup(const Tokenizer *t, const char *s, size_t n)
+int32_t tokenizer_lookup(const Tokenizer *t, const char *s, size_t n)
 {
 	for (size_t i = hash_bytes(s, n) & t->slot_mask;; i = (i + 1) & t->slot_mask) {
 		int32_t id = t->slots[i];
@@ -191,33 +74,6 @@ static void vocab_insert(Tokenizer *t, int32_t id)
 		txt = tok_text(t, other, &len);
 		if (len == n && memcmp(txt, s, n) == 0) {
 			t->slots[i] = id;
-			return;
-		}
-	}
-}
-
-static const MergeSlot *merge_find(const Tokenizer *t, int32_t a, int32_t b)
-{
-	if (a < 0 || b < 0)
-		return NULL;
-	uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-	for (size_t i = hash_u64(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
-		if (t->merges[i].key == key)
-			return &t->merges[i];
-		if (t->merges[i].key == MERGE_EMPTY)
-			return NULL;
-	}
-}
-
-/* Earlier (lower-rank) duplicates win, as with llama.cpp's bpe_ranks.emplace(). */
-static void merge_insert(Tokenizer *t, int32_t a, int32_t b, int32_t rank, int32_t result)
-{
-	uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-	for (size_t i = hash_u64(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
-		if (t->merges[i].key == key)
-			return;
-		if (t->merges[i].key == MERGE_EMPTY) {
-			t->merges[i] = (MergeSlot){ .key = key, .rank = rank, .result = result };
 			return;
 		}
 	}
@@ -304,85 +160,21 @@ static int parse_byte_token(const char *s, size_t n)
 	return (int)((hi - hex) << 4 | (lo - hex));
 }
 
-static int tokenizer_build_merges(Tokenizer *t, const TokenizerVocab *v, Error *err)
-{
-	_cleanup_(freep) char *buf = NULL;
-	size_t cap = 0;
-
-	if (v->n_merges > INT32_MAX)
-		return error_set(err, TOKENIZER_E_INVALID, "too many merges: %zu", v->n_merges);
-	t->merge_mask = pow2_at_least(v->n_merges * 2) - 1;
-	t->merges = malloc_array(t->merge_mask + 1, sizeof(MergeSlot));
-	if (!t->merges)
-		return -ENOMEM;
-	for (size_t i = 0; i <= t->merge_mask; i++)
-		t->merges[i].key = MERGE_EMPTY;
-
-	for (size_t r = 0; r < v->n_merges; r++) {
-		const char *s = v->merges[r].ptr;
-		size_t n = v->merges[r].len;
-		const char *sp;
-		int32_t a, b, m;
-
-		/* The separator is the first space after the first byte. */
-		if (n < 3 || !s || !(sp = memchr(s + 1, ' ', n - 1)))
-			return error_set(err, TOKENIZER_E_INVALID, "merge %zu is not \"left right\"", r);
-		a = vocab_lookup(t, s, (size_t)(sp - s));
-		b = vocab_lookup(t, sp + 1, n - (size_t)(sp - s) - 1);
-		if (n > cap) {
-			free(buf);
-			cap = n;
-			buf = malloc(cap);
-			if (!buf)
-				return -ENOMEM;
-		}
-		memcpy(buf, s, (size_t)(sp - s));
-		memcpy(buf + (sp - s), sp + 1, n - (size_t)(sp - s) - 1);
-		m = vocab_lookup(t, buf, n - 1);
-		/* A merge whose parts or result are not tokens can never apply. */
-		if (a >= 0 && b >= 0 && m >= 0)
-			merge_insert(t, a, b, (int32_t)r, m);
-	}
-	return 0;
-}
-
 static void tokenizer_build_bytes(Tokenizer *t)
 {
-	uint32_t b2c[256];
-	int16_t c2b[BYTE_CP_MAX];
-
-	byte_cp_tables(b2c, c2b);
-	for (int b = 0; b < 256; b++) {
-		char u[4];
-		size_t n;
-		int32_t id = -1;
-
-		if (t->model == MODEL_BPE) {
-			n = unicode_encode_utf8(b2c[b], u);
-			assert(n <= 2);
-			memcpy(t->byte_sym[b], u, n);
-			t->byte_sym_len[b] = (uint8_t)n;
-			id = vocab_lookup(t, u, n);
-		} else {
-			static const char hex[] = "0123456789ABCDEF";
-			char name[6] = { '<', '0', 'x', hex[b >> 4], hex[b & 15], '>' };
-			u[0] = (char)b;
-			id = vocab_lookup(t, name, sizeof(name));
-			if (id < 0)
-				id = vocab_lookup(t, u, 1);
-		}
-		t->byte_token[b] = id;
-	}
+	if (t->model == MODEL_BPE)
+		bpe_build_bytes(t);
+	else
+		spm_build_bytes(t);
 }
 
 /* The bytes each token stands for; see tokenizer_piece(). */
 static void tokenizer_build_pieces(Tokenizer *t)
 {
-	uint32_t b2c[256];
-	int16_t c2b[BYTE_CP_MAX];
+	ByteMap map;
 	size_t off = 0;
 
-	byte_cp_tables(b2c, c2b);
+	bpe_byte_map_init(&map);
 	for (int32_t id = 0; id < t->n_vocab; id++) {
 		size_t n;
 		const char *s = tok_text(t, id, &n);
@@ -397,28 +189,9 @@ static void tokenizer_build_pieces(Tokenizer *t)
 		} else if (ty == TOKEN_TYPE_BYTE && byte >= 0) {
 			t->piece[off++] = (char)byte;
 		} else if (t->model == MODEL_SPM) {
-			/* U+2581 (e2 96 81) stands for a space. */
-			for (size_t i = 0; i < n; i++) {
-				if (i + 3 <= n && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
-					t->piece[off++] = ' ';
-					i += 2;
-				} else {
-					t->piece[off++] = s[i];
-				}
-			}
+			off += spm_piece_from_text(s, n, t->piece + off);
 		} else {
-			/* Byte-level: each mapped code point is one byte; others stay as they are. */
-			for (size_t i = 0; i < n;) {
-				size_t k;
-				uint32_t cp = unicode_decode_utf8(s + i, n - i, &k);
-				if (cp < BYTE_CP_MAX && c2b[cp] >= 0) {
-					t->piece[off++] = (char)c2b[cp];
-				} else {
-					memcpy(t->piece + off, s + i, k);
-					off += k;
-				}
-				i += k;
-			}
+			off += bpe_piece_from_text(&map, s, n, t->piece + off);
 		}
 	}
 	t->piece_off[t->n_vocab] = off;
@@ -472,7 +245,7 @@ static void tokenizer_mark_eog(Tokenizer *t)
 		if (ids[i] >= 0)
 			t->eog[ids[i]] = 1;
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
-		int32_t id = vocab_lookup(t, names[i], strlen(names[i]));
+		int32_t id = tokenizer_lookup(t, names[i], strlen(names[i]));
 		if (id >= 0 && t->type[id] == TOKEN_TYPE_CONTROL)
 			t->eog[id] = 1;
 	}
@@ -486,30 +259,21 @@ static int check_id(int32_t id, int32_t n_vocab, const char *what, Error *err)
 	return 0;
 }
 
-int tokenizer_new(const TokenizerVocab *v, Tokenizer **ret, Error *err)
+/* The model, pre-tokenizer and their defaults, from v's names. */
+static int tokenizer_set_model(Tokenizer *t, const TokenizerVocab *v, Error *err)
 {
-	_cleanup_(tokenizer_freep) Tokenizer *t = NULL;
 	bool def_add_bos = false;
-	int r;
-
-	assert(v && ret);
-	t = calloc(1, sizeof(*t));
-	if (!t)
-		return -ENOMEM;
 
 	if (v->model && strcmp(v->model, "gpt2") == 0) {
-		const char *pre = v->pre ? v->pre : "default";
-		size_t i;
+		const char *name = v->pre ? v->pre : "default";
+		const PreInfo *pre = pretok_find(name);
 		t->model = MODEL_BPE;
-		for (i = 0; i < ARRAY_SIZE(pre_names); i++)
-			if (strcmp(pre, pre_names[i].name) == 0)
-				break;
-		if (i == ARRAY_SIZE(pre_names))
+		if (!pre)
 			return error_set(err, TOKENIZER_E_UNSUPPORTED,
-					 "unsupported pre-tokenizer \"%s\"", pre);
-		t->pre = pre_names[i].pre;
-		t->ignore_merges = pre_names[i].ignore_merges;
-		def_add_bos = pre_names[i].add_bos;
+					 "unsupported pre-tokenizer \"%s\"", name);
+		t->pre = pre->pre;
+		t->ignore_merges = pre->ignore_merges;
+		def_add_bos = pre->add_bos;
 		t->add_space_prefix = v->add_space_prefix == 1;
 	} else if (v->model && strcmp(v->model, "llama") == 0) {
 		t->model = MODEL_SPM;
@@ -522,6 +286,21 @@ int tokenizer_new(const TokenizerVocab *v, Tokenizer **ret, Error *err)
 				 v->model ? v->model : "(none)");
 	}
 	t->add_bos = v->add_bos < 0 ? def_add_bos : v->add_bos != 0;
+	return 0;
+}
+
+int tokenizer_new(const TokenizerVocab *v, Tokenizer **ret, Error *err)
+{
+	_cleanup_(tokenizer_freep) Tokenizer *t = NULL;
+	int r;
+
+	assert(v && ret);
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	r = tokenizer_set_model(t, v, err);
+	if (r)
+		return r;
 
 	if (v->n_tokens == 0 || v->n_tokens > MAX_TOKENS || !v->tokens)
 		return error_set(err, TOKENIZER_E_INVALID, "bad vocabulary size %zu", v->n_tokens);
@@ -544,7 +323,7 @@ int tokenizer_new(const TokenizerVocab *v, Tokenizer **ret, Error *err)
 	if (t->model == MODEL_BPE) {
 		if (v->n_merges && !v->merges)
 			return error_set(err, TOKENIZER_E_INVALID, "merges missing");
-		r = tokenizer_build_merges(t, v, err);
+		r = bpe_build_merges(t, v, err);
 		if (r)
 			return r;
 	}
@@ -721,7 +500,7 @@ bool tokenizer_is_eog(const Tokenizer *t, int32_t id)
 
 int32_t tokenizer_find(const Tokenizer *t, const char *piece)
 {
-	return vocab_lookup(t, piece, strlen(piece));
+	return tokenizer_lookup(t, piece, strlen(piece));
 }
 
 const char *tokenizer_piece(const Tokenizer *t, int32_t id, size_t *ret_len)
@@ -732,667 +511,6 @@ const char *tokenizer_piece(const Tokenizer *t, int32_t id, size_t *ret_len)
 	}
 	*ret_len = t->piece_off[id + 1] - t->piece_off[id];
 	return t->piece + t->piece_off[id];
-}
-
-/* ---- scratch space ------------------------------------------------------ */
-
-/* Grow *p to hold at least n elements of size sz. */
-static int grow(void *pp, size_t *cap, size_t n, size_t sz)
-{
-	void **p = pp;
-	size_t c, bytes;
-	void *q;
-
-	if (n <= *cap)
-		return 0;
-	c = MAX(n, *cap * 2);
-	if (size_mul_overflows(c, sz, &bytes))
-		return -ENOMEM;
-	q = realloc(*p, bytes);
-	if (!q)
-		return -ENOMEM;
-	*p = q;
-	*cap = c;
-	return 0;
-}
-
-typedef struct IdVec {
-	int32_t *v;
-	size_t n, cap;
-} IdVec;
-
-static int idvec_push(IdVec *a, int32_t id)
-{
-	if (a->n == a->cap && grow(&a->v, &a->cap, a->n + 1, sizeof(int32_t)) < 0)
-		return -ENOMEM;
-	a->v[a->n++] = id;
-	return 0;
-}
-
-/* Word boundaries: end[i] is where chunk i ends (code point index); chunks tile from 0. */
-typedef struct Spans {
-	size_t *end;
-	size_t n, cap;
-} Spans;
-
-static int spans_emit(Spans *s, size_t end)
-{
-	if (s->n > 0 && end <= s->end[s->n - 1])
-		return 0;
-	if (s->n == 0 && end == 0)
-		return 0;
-	if (s->n == s->cap && grow(&s->end, &s->cap, s->n + 1, sizeof(size_t)) < 0)
-		return -ENOMEM;
-	s->end[s->n++] = end;
-	return 0;
-}
-
-/* A fragment decoded to code points. */
-typedef struct Cps {
-	uint32_t *cp;    /* (n) code points, UNICODE_INVALID for a stray byte */
-	uint8_t *fl;     /* (n) unicode_flags() */
-	size_t *off;     /* (n + 1) byte offset of each code point */
-	size_t n;
-	size_t cap_cp, cap_fl, cap_off;
-} Cps;
-
-typedef struct Bigram {
-	int32_t rank;    /* BPE merge rank */
-	float score;     /* SentencePiece score */
-	int32_t left, right;
-	int32_t result;  /* BPE: merged id */
-	size_t size;     /* SPM: merged length in bytes */
-} Bigram;
-
-typedef struct Work {
-	Cps c;
-	Spans a, b;
-	int32_t *sid, *prev, *next;
-	size_t *start, *len;
-	size_t cap_sid, cap_prev, cap_next, cap_start, cap_len;
-	Bigram *heap;
-	size_t n_heap, cap_heap;
-	char *buf;
-	size_t cap_buf;
-} Work;
-
-static void work_done(Work *w)
-{
-	free(w->c.cp);
-	free(w->c.fl);
-	free(w->c.off);
-	free(w->a.end);
-	free(w->b.end);
-	free(w->sid);
-	free(w->prev);
-	free(w->next);
-	free(w->start);
-	free(w->len);
-	free(w->heap);
-	free(w->buf);
-}
-
-static int work_symbols(Work *w, size_t n)
-{
-	if (grow(&w->sid, &w->cap_sid, n, sizeof(int32_t)) < 0 ||
-	    grow(&w->prev, &w->cap_prev, n, sizeof(int32_t)) < 0 ||
-	    grow(&w->next, &w->cap_next, n, sizeof(int32_t)) < 0 ||
-	    grow(&w->start, &w->cap_start, n, sizeof(size_t)) < 0 ||
-	    grow(&w->len, &w->cap_len, n, sizeof(size_t)) < 0)
-		return -ENOMEM;
-	if (n > INT32_MAX)
-		return -ENOMEM;
-	return 0;
-}
-
-static int cps_decode(Cps *c, const char *s, size_t n)
-{
-	size_t i = 0, k = 0;
-
-	if (grow(&c->cp, &c->cap_cp, n, sizeof(uint32_t)) < 0 ||
-	    grow(&c->fl, &c->cap_fl, n, 1) < 0 ||
-	    grow(&c->off, &c->cap_off, n + 1, sizeof(size_t)) < 0)
-		return -ENOMEM;
-	while (i < n) {
-		size_t len;
-		uint32_t cp = unicode_decode_utf8(s + i, n - i, &len);
-		c->cp[k] = cp;
-		c->fl[k] = (uint8_t)unicode_flags(cp);
-		c->off[k] = i;
-		i += len;
-		k++;
-	}
-	c->off[k] = n;
-	c->n = k;
-	return 0;
-}
-
-/* ---- pre-tokenizer stages ----------------------------------------------- */
-
-/*
- * Each stage splits the chunk [b, e) of code points further, emitting the
- * end of every piece. Lookups past e see no code point (flags 0), so
- * lookaheads stop at chunk boundaries as the regexes do on each piece.
- */
-typedef int (*SplitStage)(const Cps *c, size_t b, size_t e, Spans *o);
-
-static unsigned fl_at(const Cps *c, size_t e, size_t i)
-{
-	return i < e ? c->fl[i] : 0;
-}
-
-static uint32_t cp_lower_ascii(uint32_t cp)
-{
-	return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
-}
-
-/* Length of a contraction 's 't 're 've 'm 'll 'd at pos, or 0. */
-static size_t match_contraction(const Cps *c, size_t pos, size_t e, bool icase)
-{
-	uint32_t c1, c2;
-
-	if (c->cp[pos] != '\'' || pos + 1 >= e)
-		return 0;
-	c1 = icase ? cp_lower_ascii(c->cp[pos + 1]) : c->cp[pos + 1];
-	if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
-		return 2;
-	if (pos + 2 >= e)
-		return 0;
-	c2 = icase ? cp_lower_ascii(c->cp[pos + 2]) : c->cp[pos + 2];
-	if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
-		return 3;
-	return 0;
-}
-
-/* Shared tail of both regexes: \s+(?!\S)|\s+ over the whitespace run at pos. */
-static size_t match_space_run(const Cps *c, size_t pos, size_t e)
-{
-	size_t n = 0;
-
-	while (fl_at(c, e, pos + n) & UNICODE_SPACE)
-		n++;
-	if (n > 1 && pos + n < e)
-		return n - 1;  /* leave the last space to prefix the next word */
-	return n;
-}
-
-#define LNS (UNICODE_LETTER | UNICODE_NUMBER | UNICODE_SPACE)
-
-/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static int split_gpt2(const Cps *c, size_t b, size_t e, Spans *o)
-{
-	size_t pos = b;
-
-	while (pos < e) {
-		uint32_t cp = c->cp[pos];
-		unsigned f = c->fl[pos];
-		unsigned f2 = cp == ' ' ? fl_at(c, e, pos + 1) : f;
-		size_t n;
-
-		if ((n = match_contraction(c, pos, e, false))) {
-			pos += n;
-		} else if (f2 & (UNICODE_LETTER | UNICODE_NUMBER)) {
-			unsigned cls = f2 & (UNICODE_LETTER | UNICODE_NUMBER);
-			pos += cp == ' ';
-			while (fl_at(c, e, pos) & cls)
-				pos++;
-		} else if (f2 && !(f2 & LNS)) {
-			pos += cp == ' ';
-			for (unsigned g = fl_at(c, e, pos); g && !(g & LNS); g = fl_at(c, e, pos))
-				pos++;
-		} else if ((n = match_space_run(c, pos, e))) {
-			pos += n;
-		} else {
-			pos++;
-		}
-		if (spans_emit(o, pos) < 0)
-			return -ENOMEM;
-	}
-	return 0;
-}
-
-/*
- * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max}|
- *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
- */
-static int split_llama3_digits(const Cps *c, size_t b, size_t e, Spans *o, size_t max_digits)
-{
-	size_t pos = b;
-
-	while (pos < e) {
-		uint32_t cp = c->cp[pos];
-		unsigned f = c->fl[pos];
-		unsigned f2 = cp == ' ' ? fl_at(c, e, pos + 1) : f;
-		bool crlf = cp == '\r' || cp == '\n';
-		size_t n;
-
-		if ((n = match_contraction(c, pos, e, true))) {
-			pos += n;
-		} else if (!crlf && !(f & UNICODE_NUMBER) && f &&
-			   ((f & UNICODE_LETTER) || (fl_at(c, e, pos + 1) & UNICODE_LETTER))) {
-			pos++;
-			while (fl_at(c, e, pos) & UNICODE_LETTER)
-				pos++;
-		} else if (f & UNICODE_NUMBER) {
-			size_t start = pos;
-			while ((fl_at(c, e, pos) & UNICODE_NUMBER) && pos - start < max_digits)
-				pos++;
-		} else if (f2 && !(f2 & LNS)) {
-			pos += cp == ' ';
-			for (unsigned g = fl_at(c, e, pos); g && !(g & LNS); g = fl_at(c, e, pos))
-				pos++;
-			while (pos < e && (c->cp[pos] == '\r' || c->cp[pos] == '\n'))
-				pos++;
-		} else {
-			/* \s*[\r\n]+ ends after the run's last CR/LF, if it has one. */
-			size_t run = 0, last_crlf = 0;
-			while (fl_at(c, e, pos + run) & UNICODE_SPACE) {
-				if (c->cp[pos + run] == '\r' || c->cp[pos + run] == '\n')
-					last_crlf = run + 1;
-				run++;
-			}
-			if (last_crlf)
-				pos += last_crlf;
-			else if ((n = match_space_run(c, pos, e)))
-				pos += n;
-			else
-				pos++;
-		}
-		if (spans_emit(o, pos) < 0)
-			return -ENOMEM;
-	}
-	return 0;
-}
-
-static int split_llama3(const Cps *c, size_t b, size_t e, Spans *o)
-{
-	return split_llama3_digits(c, b, e, o, 3);
-}
-
-static int split_qwen2(const Cps *c, size_t b, size_t e, Spans *o)
-{
-	return split_llama3_digits(c, b, e, o, 1);
-}
-
-/* Bytes that are not UTF-8 become words of their own: they are never merged. */
-static int split_invalid(const Cps *c, size_t b, size_t e, Spans *o)
-{
-	for (size_t i = b; i < e; i++)
-		if (c->cp[i] == UNICODE_INVALID && (spans_emit(o, i) < 0 || spans_emit(o, i + 1) < 0))
-			return -ENOMEM;
-	return spans_emit(o, e);
-}
-
-/* \p{N}: each number character alone. */
-static int split_each_number(const Cps *c, size_t b, size_t e, Spans *o)
-{
-	for (size_t i = b; i < e; i++)
-		if ((c->fl[i] & UNICODE_NUMBER) && (spans_emit(o, i) < 0 || spans_emit(o, i + 1) < 0))
-			return -ENOMEM;
-	return spans_emit(o, e);
-}
-
-static bool is_default_punct(const Cps *c, size_t i)
-{
-	uint32_t cp = c->cp[i];
-
-	return (c->fl[i] & UNICODE_PUNCT) || cp == '$' || cp == '+' || cp == '<' || cp == '=' ||
-	       cp == '>' || cp == '^' || cp == '~' || cp == '|';
-}
-
-/* [\p{P}\$\+<=>\^~\|]+ and \p{N}+: runs isolated from what surrounds them. */
-static int split_runs(const Cps *c, size_t b, size_t e, Spans *o, bool punct)
-{
-	for (size_t i = b; i < e;) {
-		bool in = punct ? is_default_punct(c, i) : (c->fl[i] & UNICODE_NUMBER);
-		if (!in) {
-			i++;
-			continue;
-		}
-		if (spans_emit(o, i) < 0)
-			return -ENOMEM;
-		while (i < e && (punct ? is_default_punct(c, i) : (c->fl[i] & UNICODE_NUMBER)))
-			i++;
-		if (spans_emit(o, i) < 0)
-			return -ENOMEM;
-	}
-	return spans_emit(o, e);
-}
-
-static int split_punct_runs(const Cps *c, size_t b, size_t e, Spans *o)
-{
-	return split_runs(c, b, e, o, true);
-}
-
-static int split_number_runs(const Cps *c, size_t b, size_t e, Spans *o)
-{
-	return split_runs(c, b, e, o, false);
-}
-
-/* [0-9][0-9][0-9], leftmost matches. */
-static int split_digit_triples(const Cps *c, size_t b, size_t e, Spans *o)
-{
-#define D(i) (c->cp[i] >= '0' && c->cp[i] <= '9')
-	for (size_t i = b; i + 3 <= e;) {
-		if (D(i) && D(i + 1) && D(i + 2)) {
-			if (spans_emit(o, i) < 0 || spans_emit(o, i + 3) < 0)
-				return -ENOMEM;
-			i += 3;
-		} else {
-			i++;
-		}
-	}
-#undef D
-	return spans_emit(o, e);
-}
-
-static size_t pre_stages(PreType pre, SplitStage stages[5])
-{
-	size_t n = 0;
-
-	stages[n++] = split_invalid;
-	switch (pre) {
-	case PRE_DEFAULT:
-		stages[n++] = split_punct_runs;
-		stages[n++] = split_gpt2;
-		stages[n++] = split_number_runs;
-		stages[n++] = split_digit_triples;
-		break;
-	case PRE_GPT2:
-		stages[n++] = split_gpt2;
-		break;
-	case PRE_DIGITS_GPT2:
-		stages[n++] = split_each_number;
-		stages[n++] = split_gpt2;
-		break;
-	case PRE_LLAMA3:
-		stages[n++] = split_llama3;
-		break;
-	case PRE_QWEN2:
-		stages[n++] = split_qwen2;
-		break;
-	}
-	return n;
-}
-
-/* Decode s into w->c and split it: the words end at w->a.end[0..w->a.n) (code points). */
-static int pre_tokenize(const Tokenizer *t, const char *s, size_t n, Work *w)
-{
-	SplitStage stages[5];
-	size_t n_stages = pre_stages(t->pre, stages);
-
-	if (cps_decode(&w->c, s, n) < 0)
-		return -ENOMEM;
-	w->a.n = 0;
-	if (spans_emit(&w->a, w->c.n) < 0)
-		return -ENOMEM;
-	for (size_t k = 0; k < n_stages; k++) {
-		size_t b = 0;
-		Spans tmp;
-
-		w->b.n = 0;
-		for (size_t i = 0; i < w->a.n; i++) {
-			if (stages[k](&w->c, b, w->a.end[i], &w->b) < 0)
-				return -ENOMEM;
-			b = w->a.end[i];
-		}
-		tmp = w->a;
-		w->a = w->b;
-		w->b = tmp;
-	}
-	return 0;
-}
-
-/* ---- merging ------------------------------------------------------------ */
-
-/* BPE: lowest rank first, then leftmost. SPM: highest score first, then leftmost. */
-static bool bigram_before(const Bigram *a, const Bigram *b, bool spm)
-{
-	if (spm) {
-		if (a->score != b->score)
-			return a->score > b->score;
-	} else if (a->rank != b->rank) {
-		return a->rank < b->rank;
-	}
-	return a->left < b->left;
-}
-
-static int heap_push(Work *w, Bigram g, bool spm)
-{
-	size_t i;
-
-	if (grow(&w->heap, &w->cap_heap, w->n_heap + 1, sizeof(Bigram)) < 0)
-		return -ENOMEM;
-	i = w->n_heap++;
-	while (i > 0) {
-		size_t p = (i - 1) / 2;
-		if (!bigram_before(&g, &w->heap[p], spm))
-			break;
-		w->heap[i] = w->heap[p];
-		i = p;
-	}
-	w->heap[i] = g;
-	return 0;
-}
-
-static Bigram heap_pop(Work *w, bool spm)
-{
-	Bigram top = w->heap[0], last = w->heap[--w->n_heap];
-	size_t i = 0, n = w->n_heap;
-
-	for (;;) {
-		size_t l = 2 * i + 1, best;
-		if (l >= n)
-			break;
-		best = l;
-		if (l + 1 < n && bigram_before(&w->heap[l + 1], &w->heap[l], spm))
-			best = l + 1;
-		if (!bigram_before(&w->heap[best], &last, spm))
-			break;
-		w->heap[i] = w->heap[best];
-		i = best;
-	}
-	if (n > 0)
-		w->heap[i] = last;
-	return top;
-}
-
-static int bpe_add_bigram(const Tokenizer *t, Work *w, int32_t l, int32_t r)
-{
-	const MergeSlot *m;
-
-	if (l < 0 || r < 0 || !(m = merge_find(t, w->sid[l], w->sid[r])))
-		return 0;
-	return heap_push(w, (Bigram){ .rank = m->rank, .left = l, .right = r, .result = m->result },
-			 false);
-}
-
-/* Encode one pre-tokenized word of n bytes with ranked merges. */
-static int bpe_word(const Tokenizer *t, const char *s, size_t n, Work *w, IdVec *out)
-{
-	if (t->ignore_merges && n > 1) {
-		size_t m = 0;
-		int32_t id;
-
-		if (grow(&w->buf, &w->cap_buf, 2 * n, 1) < 0)
-			return -ENOMEM;
-		for (size_t i = 0; i < n; i++) {
-			uint8_t b = (uint8_t)s[i];
-			memcpy(w->buf + m, t->byte_sym[b], t->byte_sym_len[b]);
-			m += t->byte_sym_len[b];
-		}
-		id = vocab_lookup(t, w->buf, m);
-		/*
-		 * Only the BPE model's own tokens: a control or unknown token
-		 * spelled as one word ("<|>") must not come out of plain text
-		 * (HF keeps those among the added tokens, outside the model's
-		 * vocab; llama.cpp would emit it here).
-		 */
-		if (id >= 0 && t->type[id] != TOKEN_TYPE_CONTROL && t->type[id] != TOKEN_TYPE_UNKNOWN)
-			return idvec_push(out, id);
-	}
-
-	if (work_symbols(w, n) < 0)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		w->sid[i] = t->byte_token[(uint8_t)s[i]];
-		w->prev[i] = (int32_t)i - 1;
-		w->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
-	}
-	w->n_heap = 0;
-	for (size_t i = 1; i < n; i++)
-		if (bpe_add_bigram(t, w, (int32_t)i - 1, (int32_t)i) < 0)
-			return -ENOMEM;
-
-	while (w->n_heap > 0) {
-		Bigram g = heap_pop(w, false);
-		const MergeSlot *m;
-		int32_t l = g.left, r = g.right;
-
-		/* Stale if either side was merged since the pair was queued. */
-		if (w->next[l] != r || w->sid[r] < 0 || !(m = merge_find(t, w->sid[l], w->sid[r])) ||
-		    m->result != g.result)
-			continue;
-		w->sid[l] = g.result;
-		w->sid[r] = -1;
-		w->next[l] = w->next[r];
-		if (w->next[r] >= 0)
-			w->prev[w->next[r]] = l;
-		if (bpe_add_bigram(t, w, w->prev[l], l) < 0 || bpe_add_bigram(t, w, l, w->next[l]) < 0)
-			return -ENOMEM;
-	}
-
-	for (int32_t i = 0; i >= 0; i = w->next[i])
-		if (w->sid[i] >= 0 && idvec_push(out, w->sid[i]) < 0)
-			return -ENOMEM;
-	return 0;
-}
-
-static int encode_bpe(const Tokenizer *t, const char *s, size_t n, Work *w, IdVec *out)
-{
-	size_t b = 0;
-
-	if (pre_tokenize(t, s, n, w) < 0)
-		return -ENOMEM;
-	for (size_t i = 0; i < w->a.n; i++) {
-		size_t e = w->a.end[i];
-		size_t bs = w->c.off[b], be = w->c.off[e];
-		if (bpe_word(t, s + bs, be - bs, w, out) < 0)
-			return -ENOMEM;
-		b = e;
-	}
-	return 0;
-}
-
-/* SentencePiece merges may only form ordinary pieces, never control or byte tokens. */
-static int32_t spm_lookup(const Tokenizer *t, const char *s, size_t n)
-{
-	int32_t id = vocab_lookup(t, s, n);
-	if (id < 0)
-		return -1;
-	switch (t->type[id]) {
-	case TOKEN_TYPE_CONTROL:
-	case TOKEN_TYPE_UNKNOWN:
-	case TOKEN_TYPE_BYTE:
-		return -1;
-	default:
-		return id;
-	}
-}
-
-static int spm_add_bigram(const Tokenizer *t, Work *w, int32_t l, int32_t r)
-{
-	size_t size;
-	int32_t id;
-
-	if (l < 0 || r < 0)
-		return 0;
-	size = w->len[l] + w->len[r];
-	id = spm_lookup(t, w->buf + w->start[l], size);
-	if (id < 0)
-		return 0;
-	return heap_push(w, (Bigram){ .score = t->score[id], .left = l, .right = r, .size = size },
-			 true);
-}
-
-/*
- * llama.cpp's llm_tokenizer_spm: spaces become U+2581 (with one in front
- * when prefix is set), symbols start as characters, and the adjacent pair
- * whose concatenation is the best-scoring piece merges first. Symbols
- * that are no piece fall back to <0xNN> byte tokens.
- */
-static int encode_spm(const Tokenizer *t, const char *s, size_t n, bool prefix, Work *w,
-		      IdVec *out)
-{
-	size_t m = 0, cap, n_sym = 0;
-
-	if (size_mul_overflows(n, 3, &cap) || size_add_overflows(cap, 3, &cap) ||
-	    grow(&w->buf, &w->cap_buf, cap, 1) < 0)
-		return -ENOMEM;
-	if (prefix) {
-		memcpy(w->buf, "\xe2\x96\x81", 3);
-		m = 3;
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] == ' ') {
-			memcpy(w->buf + m, "\xe2\x96\x81", 3);
-			m += 3;
-		} else {
-			w->buf[m++] = s[i];
-		}
-	}
-	if (m == 0)
-		return 0;
-
-	if (work_symbols(w, m) < 0)
-		return -ENOMEM;
-	for (size_t i = 0; i < m;) {
-		size_t k;
-		unicode_decode_utf8(w->buf + i, m - i, &k);
-		w->start[n_sym] = i;
-		w->len[n_sym] = k;
-		w->prev[n_sym] = (int32_t)n_sym - 1;
-		w->next[n_sym] = (int32_t)n_sym + 1;
-		n_sym++;
-		i += k;
-	}
-	w->next[n_sym - 1] = -1;
-
-	w->n_heap = 0;
-	for (size_t i = 1; i < n_sym; i++)
-		if (spm_add_bigram(t, w, (int32_t)i - 1, (int32_t)i) < 0)
-			return -ENOMEM;
-	while (w->n_heap > 0) {
-		Bigram g = heap_pop(w, true);
-		int32_t l = g.left, r = g.right;
-
-		if (w->len[l] == 0 || w->len[r] == 0 || w->len[l] + w->len[r] != g.size)
-			continue;
-		w->len[l] += w->len[r];
-		w->len[r] = 0;
-		w->next[l] = w->next[r];
-		if (w->next[r] >= 0)
-			w->prev[w->next[r]] = l;
-		if (spm_add_bigram(t, w, w->prev[l], l) < 0 || spm_add_bigram(t, w, l, w->next[l]) < 0)
-			return -ENOMEM;
-	}
-
-	for (int32_t i = 0; i >= 0; i = w->next[i]) {
-		int32_t id = spm_lookup(t, w->buf + w->start[i], w->len[i]);
-		if (id >= 0) {
-			if (idvec_push(out, id) < 0)
-				return -ENOMEM;
-			continue;
-		}
-		for (size_t k = 0; k < w->len[i]; k++) {
-			int32_t b = t->byte_token[(uint8_t)w->buf[w->start[i] + k]];
-			if (b < 0)
-				b = t->unk;
-			if (b >= 0 && idvec_push(out, b) < 0)
-				return -ENOMEM;
-		}
-	}
-	return 0;
 }
 
 /* ---- special tokens ----------------------------------------------------- */
@@ -1409,7 +527,7 @@ typedef struct FragVec {
 
 static int fragvec_push(FragVec *f, Frag x)
 {
-	if (f->n == f->cap && grow(&f->v, &f->cap, f->n + 1, sizeof(Frag)) < 0)
+	if (f->n == f->cap && tok_grow(&f->v, &f->cap, f->n + 1, sizeof(Frag)) < 0)
 		return -ENOMEM;
 	f->v[f->n++] = x;
 	return 0;
@@ -1475,6 +593,20 @@ static int partition_special(const Tokenizer *t, const char *text, size_t len,
 	return 0;
 }
 
+/* ---- encoding ----------------------------------------------------------- */
+
+/* Scratch space one encode call reuses from fragment to fragment. */
+typedef struct Work {
+	Pretok pre;
+	Symbols sym;
+} Work;
+
+static void work_done(Work *w)
+{
+	pretok_done(&w->pre);
+	symbols_done(&w->sym);
+}
+
 int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool parse_special,
 		     int32_t **ret_ids, size_t *ret_n)
 {
@@ -1496,11 +628,11 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool pars
 			r = idvec_push(&out, f.id);
 			prev_special = true;
 		} else if (t->model == MODEL_BPE) {
-			r = encode_bpe(t, text + f.off, f.len, &w, &out);
+			r = bpe_encode(t, text + f.off, f.len, &w.pre, &w.sym, &out);
 		} else {
 			/* SentencePiece prefixes a space to text at the start or after a special token. */
-			r = encode_spm(t, text + f.off, f.len, t->add_space_prefix && prev_special,
-				       &w, &out);
+			r = spm_encode(t, text + f.off, f.len, t->add_space_prefix && prev_special,
+				       &w.sym, &out);
 			prev_special = false;
 		}
 		if (r < 0) {
@@ -1518,14 +650,14 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool pars
 int tokenizer_split(const Tokenizer *t, const char *text, size_t len, size_t **ret_ends,
 		    size_t *ret_n)
 {
-	_cleanup_(work_done) Work w = { 0 };
+	_cleanup_(pretok_done) Pretok p = { 0 };
 	size_t *ends;
 	size_t n = 0;
 
 	if (t->model == MODEL_BPE) {
-		if (pre_tokenize(t, text, len, &w) < 0)
+		if (pretok_split(&p, t->pre, text, len) < 0)
 			return -ENOMEM;
-		n = w.a.n;
+		n = p.words.n;
 	} else {
 		n = len > 0;
 	}
@@ -1533,7 +665,7 @@ int tokenizer_split(const Tokenizer *t, const char *text, size_t len, size_t **r
 	if (!ends)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++)
-		ends[i] = t->model == MODEL_BPE ? w.c.off[w.a.end[i]] : len;
+		ends[i] = t->model == MODEL_BPE ? pretok_word_end(&p, i) : len;
 	*ret_ends = ends;
 	*ret_n = n;
 	return 0;
