@@ -31,9 +31,22 @@ if [ -n "$(echo "$missing" | tr -d ' ')" ]; then
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
 fi
 
+# Run a command quietly; show its output only if it fails.
+quiet() {
+	log=$(mktemp)
+	if ! "$@" >"$log" 2>&1; then
+		cat "$log" >&2
+		rm -f "$log"
+		echo "setup: '$*' failed" >&2
+		exit 1
+	fi
+	rm -f "$log"
+}
+
 scripts/fetch-model.sh >/dev/null
 
 if [ ! -f build/build.ninja ]; then
-	meson setup build --buildtype=release >/dev/null
+	rm -rf build
+	quiet meson setup build --buildtype=release
 fi
-ninja -C build >/dev/null
+quiet ninja -C build

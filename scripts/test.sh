@@ -10,9 +10,11 @@ scripts/setup.sh
 meson test -C build --print-errorlogs
 
 if [ ! -f build-asan/build.ninja ]; then
+	rm -rf build-asan
 	meson setup build-asan --buildtype=debugoptimized \
-		-Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+		-Db_sanitize=address,undefined -Db_lundef=false >/dev/null ||
+		{ rm -rf build-asan; exit 1; }
 fi
-ninja -C build-asan >/dev/null
+ninja -C build-asan >/dev/null || ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	meson test -C build-asan --print-errorlogs
