@@ -29,7 +29,7 @@ static inline BITPACK_HD size_t bitpack_bytes(int bits, size_t n)
 	return (n * (size_t)bits + 7) / 8;
 }
 
-/* Code i of a packed stream. */
+/* Code i of a packed stream (reads only the bytes that hold it). */
 static inline BITPACK_HD uint8_t bitpack_get(const uint8_t *packed, int bits, size_t i)
 {
 	size_t bit = i * (size_t)bits;
@@ -41,7 +41,10 @@ static inline BITPACK_HD uint8_t bitpack_get(const uint8_t *packed, int bits, si
 	return (uint8_t)(v & ((1u << bits) - 1));
 }
 
-/* Pack n codes (each < 2^bits) into bitpack_bytes(bits, n) bytes at out. */
+/*
+ * Pack n codes into bitpack_bytes(bits, n) bytes at out (written in full,
+ * padding zeroed, nothing beyond). Bits of a code above bit B-1 are ignored.
+ */
 static inline BITPACK_HD void bitpack_pack(const uint8_t *codes, size_t n, int bits, uint8_t *out)
 {
 	size_t nbytes = bitpack_bytes(bits, n);

@@ -72,3 +72,4 @@ char *lab_read_file(const char *path, size_t *ret_len);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_codebook(int argc, char **argv);

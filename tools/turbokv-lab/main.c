@@ -15,6 +15,7 @@ static const struct {
 	{ "generate", cmd_generate, "generate text from a prompt" },
 	{ "tokenize", cmd_tokenize, "print the token ids of a text" },
 	{ "bench", cmd_bench, "prompt and decode speed, like llama-bench" },
+	{ "codebook", cmd_codebook, "Lloyd-Max codebook of the TurboQuant codec (no model)" },
 };
 
 static void usage(FILE *f)
