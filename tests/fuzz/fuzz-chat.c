@@ -25,16 +25,7 @@
 #include "engine/gguf.h"
 #include "engine/unicode.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                          \
-	do {                                                                 \
-		if (!(cond)) {                                               \
-			fprintf(stderr, "%s:%d: broken promise: %s\n",      \
-				__FILE__, __LINE__, #cond);                  \
-			abort();                                             \
-		}                                                            \
-	} while (0)
+#include "fuzz.h"
 
 /* A growing byte string, aborting on allocation failure (test code). */
 typedef struct Str {

@@ -14,7 +14,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz.h"
+
 
 static int run_file(const char *path)
 {

@@ -30,16 +30,7 @@
 #include "engine/tokenizer.h"
 #include "engine/unicode.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                          \
-	do {                                                                 \
-		if (!(cond)) {                                               \
-			fprintf(stderr, "%s:%d: broken promise: %s\n",      \
-				__FILE__, __LINE__, #cond);                  \
-			abort();                                             \
-		}                                                            \
-	} while (0)
+#include "fuzz.h"
 
 /* ---- building vocabularies ---------------------------------------------- */
 

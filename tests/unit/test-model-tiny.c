@@ -88,21 +88,6 @@ static const TinyCase cases[] = {
 /* The batching paths must agree to this, relative to max |logit|. */
 #define BATCH_TOL 1e-4
 
-static char *next_line(char **cursor)
-{
-	char *s = *cursor;
-	if (!s || !*s)
-		return NULL;
-	char *nl = strchr(s, '\n');
-	if (nl) {
-		*nl = 0;
-		*cursor = nl + 1;
-	} else {
-		*cursor = s + strlen(s);
-	}
-	return s;
-}
-
 /* Read "<tag> <pos> <n_vocab values>" into rows (n, n_vocab), allocated on the first line. */
 static void read_row(const Reference *ref, float **rows, int *n_rows, const char *line,
 		     const char *path)
@@ -131,7 +116,7 @@ static void reference_load(const char *name, Reference *ref)
 	memset(ref, 0, sizeof(*ref));
 	int n_logits = 0, n_actq = 0;
 	char *cur = data, *line, *end;
-	while ((line = next_line(&cur))) {
+	while ((line = test_next_line(&cur))) {
 		if (!strncmp(line, "tokens ", 7)) {
 			ref->n = (int)strtol(line + 7, &end, 10);
 			ck_assert(ref->n > 0 && ref->n <= MAX_TOKENS);

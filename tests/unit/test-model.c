@@ -38,22 +38,6 @@ static IdList parse_ids(const char *s)
 	return l;
 }
 
-/* Next line of a golden file: returns the line (NUL-terminated in place) or NULL. */
-static char *next_line(char **cursor)
-{
-	char *s = *cursor;
-	if (!s || !*s)
-		return NULL;
-	char *nl = strchr(s, '\n');
-	if (nl) {
-		*nl = 0;
-		*cursor = nl + 1;
-	} else {
-		*cursor = s + strlen(s);
-	}
-	return s;
-}
-
 static Model *load_model(void)
 {
 	Model *m = NULL;
@@ -124,7 +108,7 @@ static void check_logits_file(const LogitTolerance *tol)
 	IdList ids = { 0 };
 	float *all = NULL;
 	LogitStats st = { 0 };
-	while ((line = next_line(&cur))) {
+	while ((line = test_next_line(&cur))) {
 		if (!strncmp(line, "prompt ", 7)) {
 			snprintf(name, sizeof(name), "%s", line + 7);
 		} else if (!strncmp(line, "ids ", 4)) {
@@ -196,7 +180,7 @@ static double *load_margins(const char *name, size_t *ret_n)
 	char *cur = data, *line;
 	bool found = false;
 	double *m = NULL;
-	while ((line = next_line(&cur))) {
+	while ((line = test_next_line(&cur))) {
 		if (!strncmp(line, "chat ", 5))
 			found = !strcmp(line + 5, name);
 		else if (found && !strncmp(line, "margin ", 7)) {
@@ -238,7 +222,7 @@ START_TEST(greedy_matches_llama_cpp)
 	char *cur = data, *line, name[128] = "";
 	IdList prompt = { 0 };
 	int chats = 0, steps = 0, skipped = 0;
-	while ((line = next_line(&cur))) {
+	while ((line = test_next_line(&cur))) {
 		if (!strncmp(line, "chat ", 5)) {
 			snprintf(name, sizeof(name), "%s", line + 5);
 		} else if (!strncmp(line, "ids ", 4)) {

@@ -59,21 +59,6 @@ static size_t unhex(const char *s, char *out, const char **ret_end)
 	return n;
 }
 
-static char *next_line(char **p)
-{
-	char *l = *p, *nl;
-	if (!l || !*l)
-		return NULL;
-	nl = strchr(l, '\n');
-	if (nl) {
-		*nl = 0;
-		*p = nl + 1;
-	} else {
-		*p = l + strlen(l);
-	}
-	return l;
-}
-
 static void encode_ok(const Tokenizer *t, const char *s, size_t n, bool special, int32_t **ids,
 		      size_t *n_ids)
 {
@@ -123,7 +108,7 @@ static int check_ids_file(const char *name)
 	size_t n_text = 0;
 
 	ck_assert_msg(data, "missing %s", test_data_path(name));
-	while ((l = next_line(&p))) {
+	while ((l = test_next_line(&p))) {
 		if (strncmp(l, "case ", 5) == 0) {
 			snprintf(cname, sizeof(cname), "%s", l + 5);
 		} else if (strncmp(l, "special ", 8) == 0) {
@@ -511,7 +496,7 @@ START_TEST(test_splits)
 	int n_cases = 0;
 
 	ck_assert_ptr_nonnull(data);
-	while ((l = next_line(&p))) {
+	while ((l = test_next_line(&p))) {
 		if (strncmp(l, "case ", 5) == 0) {
 			snprintf(cname, sizeof(cname), "%s", l + 5);
 		} else if (strncmp(l, "pre ", 4) == 0) {

@@ -99,6 +99,21 @@ char *test_read_file(const char *path, size_t *ret_len)
 	return buf;
 }
 
+char *test_next_line(char **cursor)
+{
+	char *s = *cursor;
+	if (!s || !*s)
+		return NULL;
+	char *nl = strchr(s, '\n');
+	if (nl) {
+		*nl = 0;
+		*cursor = nl + 1;
+	} else {
+		*cursor = s + strlen(s);
+	}
+	return s;
+}
+
 int test_run_suite(Suite *s)
 {
 	test_seed();

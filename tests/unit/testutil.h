@@ -26,5 +26,11 @@ const char *test_model_path(void);
 /* Read a whole file; NULL on error. *ret_len may be NULL. */
 char *test_read_file(const char *path, size_t *ret_len);
 
+/*
+ * Next line of a text buffer being walked with *cursor (the newline is
+ * replaced by NUL in place); NULL at the end.
+ */
+char *test_next_line(char **cursor);
+
 /* Run a suite with the Check runner; returns the process exit code. */
 int test_run_suite(Suite *s);
