@@ -18,6 +18,7 @@
 #   3. pp512 + tg128 after 1024 and 4096 tokens of context (-d), -fa 1,
 #      f16 KV and q4_0 K/V (llama-bench refills the context for every test
 #      and repetition, so q4_0 at depth 4096 costs minutes per repetition)
+#   4. tg128 at the same depths, f16 KV, -fa 0
 set -euo pipefail
 
 MODEL=${1:-$HOME/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -60,3 +61,5 @@ run -m "$MODEL" -p 512 -n 128 -t "$THREADS" -r "$REPS" -fa 0
 run -m "$MODEL" -p 512 -n 128 -d 1024,4096 -t "$THREADS" -r "$DEPTH_REPS" -fa 1
 run -m "$MODEL" -p 512 -n 128 -d 1024,4096 -t "$THREADS" -r "$Q4_DEPTH_REPS" -fa 1 \
 	-ctk q4_0 -ctv q4_0
+# 4. for comparison: f16 KV at depth without flash attention (tg only)
+run -m "$MODEL" -p 0 -n 128 -d 1024,4096 -t "$THREADS" -r "$DEPTH_REPS" -fa 0

@@ -3,7 +3,7 @@
 # tests/data/golden/ (scripts/gen-golden.py) and the speed baseline
 # (bench/llamacpp-bench.sh).  Developer tool; CI never runs it.
 #
-# Takes about 12 minutes with 2 cores on an idle machine (one compile of
+# Takes about 7 minutes with 2 cores (6.5 min measured, one compile of
 # llama.cpp; the Python binding is installed without compiling anything and
 # loads the libllama.so built here).  Needs network access to PyPI the first
 # time (sdist + scikit-build-core/numpy/jinja2 for the venv).
