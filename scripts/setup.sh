@@ -12,7 +12,7 @@ set -eu
 cd "$(dirname "$0")/.."
 
 packages="meson ninja-build pkg-config gcc check protobuf-c-compiler libprotobuf-c-dev
-	libsystemd-dev python3 python3-pip"
+	libsystemd-dev systemd python3 python3-pip"
 
 missing=
 for p in $packages; do
