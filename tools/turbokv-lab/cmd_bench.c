@@ -22,6 +22,7 @@ typedef struct BenchOptions {
 	long n_prompt;
 	long n_gen;
 	long reps;
+	const char *kv; /* --kv SPEC, NULL: f32 */
 } BenchOptions;
 
 static void usage(FILE *f)
@@ -31,6 +32,7 @@ static void usage(FILE *f)
 		"  -p, --n-prompt N     prompt tokens for the prefill test (default 512, 0: skip)\n"
 		"  -n, --n-gen N        tokens for the decode test (default 128, 0: skip)\n"
 		"  -r, --repetitions N  measured runs per test (default 5)\n"
+		"      --kv SPEC        KV cache types (tq4, q8_0:q4_0, ...; default f32)\n"
 		LAB_COMMON_HELP);
 }
 
@@ -95,12 +97,13 @@ static int bench_test(const Model *m, ModelRun *run, KvCache *kv, const int32_t 
 
 int cmd_bench(int argc, char **argv)
 {
-	enum { OPT_HELP = 0x2000 };
+	enum { OPT_HELP = 0x2000, OPT_KV };
 	static const struct option longopts[] = {
 		LAB_COMMON_LONGOPTS,
 		{ "n-prompt", required_argument, NULL, 'p' },
 		{ "n-gen", required_argument, NULL, 'n' },
 		{ "repetitions", required_argument, NULL, 'r' },
+		{ "kv", required_argument, NULL, OPT_KV },
 		{ "help", no_argument, NULL, OPT_HELP },
 		{}
 	};
@@ -127,6 +130,7 @@ int cmd_bench(int argc, char **argv)
 			if ((o.reps = lab_parse_long("--repetitions", optarg, 1, 64)) < 0)
 				return LAB_EXIT_USAGE;
 			break;
+		case OPT_KV: o.kv = optarg; break;
 		case OPT_HELP: usage(stdout); return LAB_EXIT_OK;
 		default: usage(stderr); return LAB_EXIT_USAGE;
 		}
@@ -146,11 +150,14 @@ int cmd_bench(int argc, char **argv)
 	ThreadPool *tp = NULL;
 	_cleanup_(kvcache_freep) KvCache *kv = NULL;
 	_cleanup_(model_run_freep) ModelRun *run = NULL;
-	KvCacheShape shape = model_kv_shape(m, n_ctx);
+	double kv_bits;
+	const char *kv_name = o.kv ? o.kv : "f32";
+	if (lab_kvcache_new(m, o.kv, n_ctx, &kv, &kv_bits) < 0)
+		return LAB_EXIT_FAILURE;
 	_cleanup_(freep) int32_t *tokens = malloc_array(n_ctx, sizeof(int32_t));
 	_cleanup_(freep) float *logits = malloc_array(m->cfg.n_vocab, sizeof(float));
 	if (!tokens || !logits || threadpool_new(o.common.threads, &tp) < 0 ||
-	    kvcache_new_f32(&shape, &kv) < 0 || model_run_new(m, 512, tp, &run) < 0) {
+	    model_run_new(m, 512, tp, &run) < 0) {
 		fprintf(stderr, "turbokv-lab: out of memory\n");
 		threadpool_free(tp);
 		return LAB_EXIT_FAILURE;
@@ -183,8 +190,11 @@ int cmd_bench(int argc, char **argv)
 	if (o.common.json) {
 		printf("{\"model\": ");
 		json_write_string(stdout, base, strlen(base));
-		printf(", \"model_bytes\": %zu, \"threads\": %d, \"kv\": \"f32\", \"peak_rss_bytes\": %ld, \"results\": [",
-		       gguf_file_size(m->gguf), o.common.threads, ru.ru_maxrss * 1024L);
+		printf(", \"model_bytes\": %zu, \"threads\": %d, \"kv\": ", gguf_file_size(m->gguf),
+		       o.common.threads);
+		json_write_string(stdout, kv_name, strlen(kv_name));
+		printf(", \"kv_bits_per_value\": %.4f, \"kv_bytes_per_token\": %zu, \"peak_rss_bytes\": %ld, \"results\": [",
+		       kv_bits, kvcache_bytes_per_token(kv), ru.ru_maxrss * 1024L);
 		for (int i = 0; i < n_res; i++)
 			printf("%s{\"test\": \"%s%ld\", \"tokens_per_s\": %.2f, \"stdev\": %.2f, \"repetitions\": %ld}",
 			       i ? ", " : "", res[i].test, res[i].n, res[i].median_tps, res[i].stdev_tps, o.reps);
@@ -201,8 +211,8 @@ int cmd_bench(int argc, char **argv)
 			       gguf_file_size(m->gguf) / 1048576.0, o.common.threads, test, res[i].median_tps,
 			       res[i].stdev_tps);
 		}
-		printf("peak RSS: %.1f MiB, KV cache f32, %zu bytes/token\n", ru.ru_maxrss / 1024.0,
-		       kvcache_bytes_per_token(kv));
+		printf("peak RSS: %.1f MiB, KV cache %s: %.4f bits/value, %zu bytes/token\n",
+		       ru.ru_maxrss / 1024.0, kv_name, kv_bits, kvcache_bytes_per_token(kv));
 	}
 	return LAB_EXIT_OK;
 }

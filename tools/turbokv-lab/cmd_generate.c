@@ -19,6 +19,7 @@ typedef struct GenerateOptions {
 	const char *prompt;
 	const char *prompt_file;
 	const char *system;
+	const char *kv;   /* --kv SPEC, NULL: f32 */
 	long n_predict;
 	bool chat;
 	bool ids;
@@ -28,7 +29,7 @@ typedef struct GenerateOptions {
 
 enum {
 	OPT_GREEDY = 0x2000, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT_PENALTY,
-	OPT_REPEAT_LAST_N, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_IDS, OPT_SPECIAL, OPT_HELP,
+	OPT_REPEAT_LAST_N, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_IDS, OPT_SPECIAL, OPT_KV, OPT_HELP,
 };
 
 static void usage(FILE *f)
@@ -50,6 +51,7 @@ static void usage(FILE *f)
 		"      --repeat-last-n N   (default 64)\n"
 		"      --seed S        sampling seed (default 0)\n"
 		"      --ids           print token ids instead of text\n"
+		"      --kv SPEC       KV cache types (kvtype.h grammar: tq4, q8_0:q4_0, ...; default f32)\n"
 		LAB_COMMON_HELP);
 }
 
@@ -72,6 +74,7 @@ static int parse_args(int argc, char **argv, GenerateOptions *o)
 		{ "system", required_argument, NULL, OPT_SYSTEM },
 		{ "ids", no_argument, NULL, OPT_IDS },
 		{ "special", no_argument, NULL, OPT_SPECIAL },
+		{ "kv", required_argument, NULL, OPT_KV },
 		{ "help", no_argument, NULL, OPT_HELP },
 		{}
 	};
@@ -141,6 +144,7 @@ static int parse_args(int argc, char **argv, GenerateOptions *o)
 		case OPT_SYSTEM: o->system = optarg; break;
 		case OPT_IDS: o->ids = true; break;
 		case OPT_SPECIAL: o->raw_special = true; break;
+		case OPT_KV: o->kv = optarg; break;
 		case OPT_HELP: usage(stdout); exit(LAB_EXIT_OK);
 		default: usage(stderr); return -1;
 		}
@@ -257,10 +261,10 @@ int cmd_generate(int argc, char **argv)
 	_cleanup_(kvcache_freep) KvCache *kv = NULL;
 	_cleanup_(model_run_freep) ModelRun *run = NULL;
 	_cleanup_(sampler_freep) Sampler *sampler = NULL;
-	KvCacheShape shape = model_kv_shape(m, n_ctx);
 	int r;
-	if (threadpool_new(o.common.threads, &tp_raw) < 0 || kvcache_new_f32(&shape, &kv) < 0 ||
-	    model_run_new(m, 512, tp_raw, &run) < 0 || sampler_new(&o.sampling, m->cfg.n_vocab, &sampler) < 0) {
+	if (lab_kvcache_new(m, o.kv, n_ctx, &kv, NULL) < 0)
+		return LAB_EXIT_FAILURE;
+	if (threadpool_new(o.common.threads, &tp_raw) < 0 || model_run_new(m, 512, tp_raw, &run) < 0 || sampler_new(&o.sampling, m->cfg.n_vocab, &sampler) < 0) {
 		fprintf(stderr, "turbokv-lab: out of memory\n");
 		threadpool_free(tp_raw);
 		return LAB_EXIT_FAILURE;

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "lab.h"
+#include "engine/kvstore.h"
+#include "engine/kvtype.h"
 
 const char *lab_default_model_path(char *buf, size_t size)
 {
@@ -108,6 +110,34 @@ int lab_load(const LabCommon *c, Model **ret_model, Tokenizer **ret_tok)
 		}
 	}
 	*ret_model = TAKE_PTR(m);
+	return 0;
+}
+
+int lab_kvcache_new(const Model *m, const char *spec, int64_t n_ctx, KvCache **ret, double *ret_bits)
+{
+	KvCacheShape shape = model_kv_shape(m, n_ctx);
+	Error err = { 0 };
+	int r;
+	if (!spec || strcmp(spec, "f32") == 0) {
+		if ((r = kvcache_new_f32(&shape, ret)) < 0) {
+			fprintf(stderr, "turbokv-lab: KV cache: %s\n", strerror(-r));
+			return -1;
+		}
+		if (ret_bits)
+			*ret_bits = 32.0;
+		return 0;
+	}
+	_cleanup_(kvplan_freep) KvPlan *plan = NULL;
+	r = kvplan_from_text(spec, shape.n_layers, shape.n_kv_heads, shape.head_dim, &plan, &err);
+	if (r == 0)
+		r = kvcache_new_quant(&shape, plan, 0, ret, &err);
+	if (r != 0) {
+		fprintf(stderr, "turbokv-lab: --kv %s: %s\n", spec,
+			err.msg[0] ? err.msg : strerror(r < 0 ? -r : EINVAL));
+		return -1;
+	}
+	if (ret_bits)
+		*ret_bits = kvplan_bits_per_value(plan);
 	return 0;
 }
 

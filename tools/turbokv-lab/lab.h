@@ -59,6 +59,15 @@ enum {
 /* Load model and tokenizer, printing errors. Returns 0 or -1. */
 int lab_load(const LabCommon *c, Model **ret_model, Tokenizer **ret_tok);
 
+/*
+ * The KV cache of --kv spec for m with n_ctx tokens: the plain f32 cache
+ * when spec is NULL or "f32" (the reference path, unchanged), else a
+ * kvstore cache (engine/kvstore.h) with seed 0. *ret_bits (may be NULL) =
+ * bits per value (turboquant.md section 6). Returns 0 or -1 (message
+ * printed).
+ */
+int lab_kvcache_new(const Model *m, const char *spec, int64_t n_ctx, KvCache **ret, double *ret_bits);
+
 /* Parse a positive integer option value; -1 on error (message printed). */
 long lab_parse_long(const char *opt, const char *arg, long min, long max);
 double lab_parse_double(const char *opt, const char *arg, double min, double max);

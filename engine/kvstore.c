@@ -1,0 +1,677 @@
+/*
+ * kvstore.c: the compressed KV cache of kvstore.h: blocks, quantize on
+ * write, and the scalar reference attention on stored rows (the plain
+ * twin of later SIMD kernels).
+ */
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvquant.h"
+#include "kvstore.h"
+#include "rotation.h"
+
+#define BT KVSTORE_BLOCK_TOKENS
+#define KVSTORE_SEED_DOMAIN 0x6b7673746f726531ull /* "kvstore1" */
+#define KVSTORE_SPLIT_MIN_BLOCKS 8                /* auto split: at least 256 tokens per item */
+
+/*
+ * One (layer, kv-head, K or V). For TQ values the store also keeps the
+ * codec's group rotations (rebuilt from the descriptor by tq.h's rules)
+ * to apply P^T once per head to the rotated-domain accumulator.
+ */
+typedef struct KvSide {
+	KvType type;           /* TQ: this side's seeds (and mask, once chosen) */
+	TqCodec *codec;        /* TQ only; NULL until an outlier mask is chosen */
+	int n_groups;          /* TQ values: 1, or 2 under OUTLIER_CHANNELS */
+	int group_dim[2];
+	Rotation *unrot[2];    /* TQ values: P_g */
+	uint16_t *channels[2]; /* TQ values under OUTLIER_CHANNELS: channels of group g */
+} KvSide;
+
+typedef struct KvHead {
+	KvSide k, v;
+	uint8_t **blocks;   /* (cap_blocks,) NULL = not allocated */
+	int64_t cap_blocks;
+} KvHead;
+
+typedef struct KvLayer {
+	KvLayerTypes types; /* as planned */
+	size_t k_bytes, v_bytes;
+	KvHead *heads;      /* (n_kv_heads,) */
+} KvLayer;
+
+typedef struct KvStore {
+	KvCache base;
+	uint64_t seed;
+	int split_blocks;         /* kvstore_set_split() */
+	KvLayer *layers;          /* (n_layers,) */
+	size_t bytes_allocated;   /* block payload */
+	float *part;              /* attention partials, see AttendJob */
+	size_t part_n;
+} KvStore;
+
+static const KvCacheOps kvstore_ops;
+
+static KvStore *store_of(const KvCache *kv)
+{
+	assert(kv && kv->ops == &kvstore_ops);
+	return (KvStore *)kv;
+}
+
+bool kvstore_is(const KvCache *kv)
+{
+	return kv && kv->ops == &kvstore_ops;
+}
+
+/* ---- seeds and codecs ---- */
+
+void kvstore_derive_seeds(uint64_t seed, int layer, int head, KvRole role, uint64_t *ret_rot_seed,
+			  uint64_t *ret_qjl_seed)
+{
+	uint64_t key = (uint64_t)layer << 32 | (uint64_t)head << 1 | (uint64_t)role;
+	Rng rng;
+	rng_init(&rng, seed ^ (KVSTORE_SEED_DOMAIN + key * 0x9e3779b97f4a7c15ull));
+	uint64_t rot = rng_next(&rng), qjl;
+	do
+		qjl = rng_next(&rng);
+	while (qjl == 0 || qjl == rot || qjl == tq_seed_mix(rot));
+	*ret_rot_seed = rot;
+	*ret_qjl_seed = qjl;
+}
+
+static bool side_is_tq(const KvSide *s)
+{
+	return s->type.format == KV_FORMAT_TQ;
+}
+
+static bool is_pow2(int n)
+{
+	return n > 0 && (n & (n - 1)) == 0;
+}
+
+/* The value side's group rotations, by tq.h's rules for desc. */
+static int side_unrot_new(KvSide *s, Error *err)
+{
+	const TqDesc *d = &s->type.tq;
+	bool outliers = d->group == TQ_GROUP_OUTLIER_CHANNELS;
+	s->n_groups = outliers ? 2 : 1;
+	s->group_dim[0] = outliers ? d->n_hi : d->dim;
+	s->group_dim[1] = outliers ? d->dim - d->n_hi : 0;
+	for (int g = 0; g < s->n_groups; g++) {
+		int dim = s->group_dim[g];
+		RotationKind kind = d->rotation;
+		if (kind == ROTATION_AUTO)
+			kind = is_pow2(dim) ? ROTATION_HADAMARD : ROTATION_DENSE;
+		int rounds = kind == ROTATION_HADAMARD ? d->rounds : 1;
+		uint64_t seed = g == 0 ? d->rot_seed : tq_seed_mix(d->rot_seed);
+		int r = rotation_new(kind, dim, rounds, seed, &s->unrot[g]);
+		if (r)
+			return error_set(err, r, "value rotation (dim %d): %s", dim, strerror(-r));
+		if (!outliers)
+			continue;
+		s->channels[g] = malloc_array((size_t)dim, sizeof(uint16_t));
+		if (!s->channels[g])
+			return error_set(err, -ENOMEM, "out of memory");
+		int n = 0;
+		for (int ch = 0; ch < d->dim; ch++) {
+			bool hi = (d->mask[ch >> 3] >> (ch & 7)) & 1;
+			if (hi == (g == 0))
+				s->channels[g][n++] = (uint16_t)ch;
+		}
+		assert(n == dim);
+	}
+	return 0;
+}
+
+/* Build the codec (and for values the rotations) of a TQ side whose descriptor is complete. */
+static int side_codec_new(KvSide *s, KvRole role, Error *err)
+{
+	int r = tq_codec_new(&s->type.tq, &s->codec, err);
+	if (r)
+		return r;
+	return role == KV_ROLE_V ? side_unrot_new(s, err) : 0;
+}
+
+static void side_free(KvSide *s)
+{
+	s->codec = tq_codec_free(s->codec);
+	for (int g = 0; g < 2; g++) {
+		s->unrot[g] = rotation_free(s->unrot[g]);
+		free(s->channels[g]);
+		s->channels[g] = NULL;
+	}
+}
+
+/* Set up one side: seeds for TQ, the codec unless it waits for an outlier mask. */
+static int side_init(KvSide *s, const KvType *t, uint64_t seed, int layer, int head, KvRole role,
+		     Error *err)
+{
+	s->type = *t;
+	if (!side_is_tq(s))
+		return 0;
+	uint64_t rot, qjl;
+	kvstore_derive_seeds(seed, layer, head, role, &rot, &qjl);
+	s->type.tq.rot_seed = rot;
+	s->type.tq.qjl_seed = (s->type.tq.flags & TQ_FLAG_QJL) ? qjl : 0;
+	if (s->type.tq.group == TQ_GROUP_OUTLIER_CHANNELS)
+		return 0;
+	return side_codec_new(s, role, err);
+}
+
+/* ---- construction ---- */
+
+static void store_free(KvCache *kv)
+{
+	KvStore *s = (KvStore *)kv;
+	if (s->layers)
+		for (int l = 0; l < kv->shape.n_layers; l++) {
+			KvLayer *L = &s->layers[l];
+			if (!L->heads)
+				continue;
+			for (int h = 0; h < kv->shape.n_kv_heads; h++) {
+				KvHead *H = &L->heads[h];
+				side_free(&H->k);
+				side_free(&H->v);
+				for (int64_t b = 0; b < H->cap_blocks; b++)
+					free(H->blocks[b]);
+				free(H->blocks);
+			}
+			free(L->heads);
+		}
+	free(s->layers);
+	free(s->part);
+	free(s);
+}
+
+static int check_plan(const KvCacheShape *shape, const KvPlan *plan, Error *err)
+{
+	if (plan->n_layers != shape->n_layers || plan->n_kv_heads != shape->n_kv_heads ||
+	    plan->head_dim != shape->head_dim)
+		return error_set(err, KVSTORE_E_PLAN,
+				 "plan for %d layers x %d kv-heads x %d, cache is %d x %d x %d",
+				 plan->n_layers, plan->n_kv_heads, plan->head_dim, shape->n_layers,
+				 shape->n_kv_heads, shape->head_dim);
+	for (int l = 0; l < plan->n_layers; l++) {
+		const KvLayerTypes *t = &plan->layers[l];
+		for (int role = 0; role < 2; role++) {
+			const KvType *ty = role ? &t->v : &t->k;
+			if (ty->dim != shape->head_dim ||
+			    (ty->format != KV_FORMAT_TQ && !kvquant_supports(ty)))
+				return error_set(err, KVSTORE_E_PLAN, "layer %d: unsupported %s type",
+						 l, role ? "V" : "K");
+			if (ty->format == KV_FORMAT_TQ && ty->tq.dim != shape->head_dim)
+				return error_set(err, KVSTORE_E_PLAN, "layer %d: TQ dim %d", l,
+						 ty->tq.dim);
+		}
+		if (t->v.format == KV_FORMAT_TQ && (t->v.tq.flags & TQ_FLAG_QJL))
+			return error_set(err, KVSTORE_E_PLAN,
+					 "layer %d: QJL on values (values are averaged, not ranked)", l);
+	}
+	return 0;
+}
+
+int kvcache_new_quant(const KvCacheShape *shape, const KvPlan *plan, uint64_t seed, KvCache **ret,
+		      Error *err)
+{
+	if (shape->n_layers <= 0 || shape->n_heads <= 0 || shape->n_kv_heads <= 0 ||
+	    shape->head_dim <= 0 || shape->head_dim > TQ_MAX_DIM || shape->capacity <= 0 ||
+	    shape->n_heads % shape->n_kv_heads)
+		return error_set(err, -EINVAL, "bad cache shape");
+	int r = check_plan(shape, plan, err);
+	if (r)
+		return r;
+
+	_cleanup_(freep) KvStore *raw = calloc(1, sizeof(*raw));
+	if (!raw)
+		return error_set(err, -ENOMEM, "out of memory");
+	raw->base.ops = &kvstore_ops;
+	raw->base.shape = *shape;
+	raw->seed = seed;
+	_cleanup_(kvcache_freep) KvCache *kv = &TAKE_PTR(raw)->base;
+	KvStore *s = (KvStore *)kv;
+
+	s->layers = calloc_array((size_t)shape->n_layers, sizeof(KvLayer));
+	if (!s->layers)
+		return error_set(err, -ENOMEM, "out of memory");
+	for (int l = 0; l < shape->n_layers; l++) {
+		KvLayer *L = &s->layers[l];
+		L->types = plan->layers[l];
+		L->k_bytes = kvtype_vec_bytes(&L->types.k);
+		L->v_bytes = kvtype_vec_bytes(&L->types.v);
+		L->heads = calloc_array((size_t)shape->n_kv_heads, sizeof(KvHead));
+		if (!L->heads)
+			return error_set(err, -ENOMEM, "out of memory");
+		for (int h = 0; h < shape->n_kv_heads; h++) {
+			KvHead *H = &L->heads[h];
+			if ((r = side_init(&H->k, &L->types.k, seed, l, h, KV_ROLE_K, err)) ||
+			    (r = side_init(&H->v, &L->types.v, seed, l, h, KV_ROLE_V, err)))
+				return r;
+		}
+	}
+	*ret = TAKE_PTR(kv);
+	return 0;
+}
+
+/* ---- accessors ---- */
+
+uint64_t kvstore_seed(const KvCache *kv)
+{
+	return store_of(kv)->seed;
+}
+
+const KvLayerTypes *kvstore_layer_types(const KvCache *kv, int layer)
+{
+	assert(layer >= 0 && layer < kv->shape.n_layers);
+	return &store_of(kv)->layers[layer].types;
+}
+
+size_t kvstore_block_bytes(const KvCache *kv, int layer)
+{
+	const KvLayer *L = &store_of(kv)->layers[layer];
+	return BT * (L->k_bytes + L->v_bytes);
+}
+
+int64_t kvstore_n_blocks(const KvCache *kv)
+{
+	return (kv->n_tokens + BT - 1) / BT;
+}
+
+const uint8_t *kvstore_block(const KvCache *kv, int layer, int head, int64_t index)
+{
+	const KvHead *H = &store_of(kv)->layers[layer].heads[head];
+	return index >= 0 && index < H->cap_blocks ? H->blocks[index] : NULL;
+}
+
+int kvstore_tq_desc(const KvCache *kv, int layer, int head, KvRole role, TqDesc *ret)
+{
+	const KvHead *H = &store_of(kv)->layers[layer].heads[head];
+	const KvSide *s = role == KV_ROLE_K ? &H->k : &H->v;
+	if (!side_is_tq(s) || !s->codec)
+		return KVSTORE_E_NO_DESC;
+	*ret = *tq_codec_desc(s->codec);
+	return 0;
+}
+
+size_t kvstore_bytes_allocated(const KvCache *kv)
+{
+	return store_of(kv)->bytes_allocated;
+}
+
+void kvstore_set_split(KvCache *kv, int blocks_per_chunk)
+{
+	store_of(kv)->split_blocks = blocks_per_chunk > 0 ? blocks_per_chunk : 0;
+}
+
+static size_t store_bytes_per_token(const KvCache *kv)
+{
+	const KvStore *s = store_of(kv);
+	size_t n = 0;
+	for (int l = 0; l < kv->shape.n_layers; l++)
+		n += (s->layers[l].k_bytes + s->layers[l].v_bytes) * (size_t)kv->shape.n_kv_heads;
+	return n;
+}
+
+/* ---- blocks and append ---- */
+
+/* Block index of (layer, head), allocated (zeroed) if needed; NULL on -ENOMEM. */
+static uint8_t *head_block(KvStore *s, const KvLayer *L, KvHead *H, int64_t index)
+{
+	if (index >= H->cap_blocks) {
+		int64_t cap = MAX(index + 1, 2 * H->cap_blocks);
+		int64_t max_blocks = (s->base.shape.capacity + BT - 1) / BT;
+		cap = MIN(cap, max_blocks);
+		assert(index < cap);
+		uint8_t **grown = realloc(H->blocks, (size_t)cap * sizeof(*grown));
+		if (!grown)
+			return NULL;
+		memset(grown + H->cap_blocks, 0, (size_t)(cap - H->cap_blocks) * sizeof(*grown));
+		H->blocks = grown;
+		H->cap_blocks = cap;
+	}
+	if (!H->blocks[index]) {
+		size_t bytes = BT * (L->k_bytes + L->v_bytes);
+		H->blocks[index] = calloc(1, bytes);
+		if (!H->blocks[index])
+			return NULL;
+		s->bytes_allocated += bytes;
+	}
+	return H->blocks[index];
+}
+
+int kvstore_block_put(KvCache *kv, int layer, int head, int64_t index, const void *bytes,
+		      size_t len)
+{
+	KvStore *s = store_of(kv);
+	KvLayer *L = &s->layers[layer];
+	if (index < 0 || index >= (kv->shape.capacity + BT - 1) / BT ||
+	    len != BT * (L->k_bytes + L->v_bytes))
+		return -EINVAL;
+	uint8_t *b = head_block(s, L, &L->heads[head], index);
+	if (!b)
+		return -ENOMEM;
+	memcpy(b, bytes, len);
+	return 0;
+}
+
+/* Choose the outlier mask of a side from rows x (n_tok, row stride) of kv-head h, then build its codec. */
+static int side_choose_outliers(KvSide *side, KvRole role, const float *x, int64_t n_tok,
+				size_t stride, int d)
+{
+	_cleanup_(freep) float *rows = malloc_array((size_t)n_tok, (size_t)d * sizeof(float));
+	if (!rows)
+		return -ENOMEM;
+	for (int64_t t = 0; t < n_tok; t++)
+		memcpy(rows + t * d, x + t * stride, (size_t)d * sizeof(float));
+	int r = tq_desc_choose_outliers(rows, (int)MIN(n_tok, INT32_MAX), d, side->type.tq.n_hi,
+					side->type.tq.mask);
+	if (r)
+		return r;
+	r = side_codec_new(side, role, NULL);
+	if (r) {
+		/* back to "no mask chosen", so a later append tries again */
+		side_free(side);
+		memset(side->type.tq.mask, 0, TQ_MASK_BYTES);
+		return r > 0 ? -EINVAL : r;
+	}
+	return 0;
+}
+
+static void side_store(const KvSide *side, const float *x, uint8_t *ret)
+{
+	if (side_is_tq(side))
+		tq_encode(side->codec, x, ret);
+	else
+		kvquant_store(&side->type, x, ret);
+}
+
+static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
+			const float *v)
+{
+	KvStore *s = (KvStore *)kv;
+	KvLayer *L = &s->layers[layer];
+	int d = kv->shape.head_dim;
+	size_t row = (size_t)kv->shape.n_kv_heads * d;
+	int r;
+
+	if (n_tok == 0)
+		return 0;
+	for (int h = 0; h < kv->shape.n_kv_heads; h++) {
+		KvHead *H = &L->heads[h];
+		if (side_is_tq(&H->k) && !H->k.codec &&
+		    (r = side_choose_outliers(&H->k, KV_ROLE_K, k + (size_t)h * d, n_tok, row, d)))
+			return r;
+		if (side_is_tq(&H->v) && !H->v.codec &&
+		    (r = side_choose_outliers(&H->v, KV_ROLE_V, v + (size_t)h * d, n_tok, row, d)))
+			return r;
+		for (int64_t t = 0; t < n_tok; t++) {
+			int64_t p = pos0 + t;
+			uint8_t *b = head_block(s, L, H, p / BT);
+			if (!b)
+				return -ENOMEM;
+			const float *kx = k + (size_t)t * row + (size_t)h * d;
+			const float *vx = v + (size_t)t * row + (size_t)h * d;
+			side_store(&H->k, kx, b + (size_t)(p % BT) * L->k_bytes);
+			side_store(&H->v, vx, b + BT * L->k_bytes + (size_t)(p % BT) * L->v_bytes);
+		}
+	}
+	return 0;
+}
+
+/* ---- attention ---- */
+
+/*
+ * Partials: part (n_tok, n_kv_heads, n_chunks, group, d + 2): for each
+ * query head of the group, acc (d,) in the stored domain, then the
+ * running max m and sum l of exp(score - m) over the item's blocks.
+ */
+typedef struct AttendJob {
+	const KvStore *s;
+	const KvLayer *L;
+	int64_t pos0, n_tok;
+	int group;             /* query heads per kv-head */
+	int64_t n_chunks;
+	int64_t chunk_blocks;  /* blocks per chunk */
+	const float *q;        /* (n_tok, n_heads, d) */
+	float *part;
+	float *out;            /* (n_tok, n_heads, d) */
+} AttendJob;
+
+/* Per-thread scratch: prepared queries and one block of scores per query head. */
+typedef struct AttendScratch {
+	float *qp;        /* (group, d) non-TQ keys: prepared queries */
+	TqQuery *tqq;     /* (group,) TQ keys */
+	float *scores;    /* (group, BT) */
+} AttendScratch;
+
+/* acc (d,) += a * v~ in the rotated domain: a s_g c[idx_i] per coordinate. */
+static void tq_value_axpy(const TqCodec *c, float a, const uint8_t *code, float *acc)
+{
+	const TqLayout *Lt = tq_codec_layout(c);
+	if (Lt->n_hi > 0) {
+		const float *cb = tq_codec_centroids(c, true);
+		float sa = a * tq_load_f16(code + Lt->off_scale[0]);
+		for (int i = 0; i < Lt->n_hi; i++)
+			acc[i] += sa * tq_code_value(code + Lt->off_hi, Lt->bits_hi, cb, i);
+	}
+	if (Lt->n_hi < Lt->dim) {
+		const float *cb = tq_codec_centroids(c, false);
+		float sa = a * tq_load_f16(code + Lt->off_scale[Lt->n_scales - 1]);
+		float *lo = acc + Lt->n_hi;
+		for (int i = 0; i < Lt->dim - Lt->n_hi; i++)
+			lo[i] += sa * tq_code_value(code + Lt->off_lo, Lt->bits_lo, cb, i);
+	}
+}
+
+/* out (d,) = P^T acc for a TQ value side (acc in the rotated domain). */
+static void tq_value_finish(const KvSide *side, const float *acc, float *out)
+{
+	if (side->n_groups == 1) {
+		rotation_apply_inverse(side->unrot[0], acc, out);
+		return;
+	}
+	float tmp[TQ_MAX_DIM];
+	int off = 0;
+	for (int g = 0; g < 2; g++) {
+		rotation_apply_inverse(side->unrot[g], acc + off, tmp);
+		for (int i = 0; i < side->group_dim[g]; i++)
+			out[side->channels[g][i]] = tmp[i];
+		off += side->group_dim[g];
+	}
+}
+
+/* One work item: query heads of kv-head h at token t over blocks of chunk c. */
+static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h, int64_t c)
+{
+	const KvCacheShape *sh = &j->s->base.shape;
+	const KvLayer *L = j->L;
+	const KvHead *H = &L->heads[h];
+	int d = sh->head_dim, G = j->group;
+	bool k_tq = side_is_tq(&H->k), v_tq = side_is_tq(&H->v);
+	float scale = 1.0f / sqrtf((float)d);
+	int64_t n_ctx = j->pos0 + t + 1;
+	int64_t n_blocks = (n_ctx + BT - 1) / BT;
+	int64_t b0 = c * j->chunk_blocks, b1 = MIN(n_blocks, b0 + j->chunk_blocks);
+	float *part = j->part + ((t * sh->n_kv_heads + h) * j->n_chunks + c) * G * (d + 2);
+
+	for (int g = 0; g < G; g++) {
+		float *p = part + g * (d + 2);
+		memset(p, 0, (size_t)d * sizeof(float));
+		p[d] = -INFINITY;
+		p[d + 1] = 0.0f;
+	}
+	if (b0 >= b1)
+		return;
+	for (int g = 0; g < G; g++) {
+		const float *q = j->q + ((size_t)t * sh->n_heads + (size_t)h * G + g) * d;
+		if (k_tq)
+			tq_query_prepare(H->k.codec, q, &sc->tqq[g]);
+		else
+			kvquant_query_prepare(&H->k.type, q, sc->qp + g * d);
+	}
+
+	for (int64_t b = b0; b < b1; b++) {
+		const uint8_t *blk = H->blocks[b];
+		int nj = (int)MIN((int64_t)BT, n_ctx - b * BT);
+		/* scores: each key row read once for all query heads */
+		for (int i = 0; i < nj; i++) {
+			const uint8_t *krow = blk + (size_t)i * L->k_bytes;
+			for (int g = 0; g < G; g++)
+				sc->scores[g * BT + i] =
+					scale * (k_tq ? tq_inner_product(H->k.codec, &sc->tqq[g], krow)
+						      : kvquant_score(&H->k.type, sc->qp + g * d, krow));
+		}
+		/* online softmax: rescale what came before to the new running max */
+		for (int g = 0; g < G; g++) {
+			float *p = part + g * (d + 2);
+			float m = p[d];
+			for (int i = 0; i < nj; i++)
+				m = fmaxf(m, sc->scores[g * BT + i]);
+			float corr = expf(p[d] - m);
+			if (corr != 1.0f)
+				for (int x = 0; x < d; x++)
+					p[x] *= corr;
+			p[d + 1] *= corr;
+			p[d] = m;
+			for (int i = 0; i < nj; i++) {
+				float e = expf(sc->scores[g * BT + i] - m);
+				sc->scores[g * BT + i] = e;
+				p[d + 1] += e;
+			}
+		}
+		/* values, in the stored (rotated) domain */
+		const uint8_t *vbase = blk + BT * L->k_bytes;
+		for (int i = 0; i < nj; i++) {
+			const uint8_t *vrow = vbase + (size_t)i * L->v_bytes;
+			for (int g = 0; g < G; g++) {
+				float a = sc->scores[g * BT + i];
+				float *acc = part + g * (d + 2);
+				if (v_tq)
+					tq_value_axpy(H->v.codec, a, vrow, acc);
+				else
+					kvquant_axpy(&H->v.type, a, vrow, acc);
+			}
+		}
+	}
+}
+
+static void attend_task(void *ctx, int ith, int nth)
+{
+	const AttendJob *j = ctx;
+	const KvCacheShape *sh = &j->s->base.shape;
+	int G = j->group, d = sh->head_dim;
+	int64_t n_items = j->n_tok * sh->n_kv_heads * j->n_chunks;
+	if (ith >= n_items)
+		return;
+	/* a few KB to tens of KB per thread */
+	_cleanup_(freep) float *qp = malloc_array((size_t)G * d, sizeof(float));
+	_cleanup_(freep) TqQuery *tqq = malloc_array((size_t)G, sizeof(TqQuery));
+	_cleanup_(freep) float *scores = malloc_array((size_t)G * BT, sizeof(float));
+	if (!qp || !tqq || !scores)
+		abort(); /* no sane recovery mid-layer; the interface returns void */
+	AttendScratch sc = { .qp = qp, .tqq = tqq, .scores = scores };
+	/* strided: causal items grow with t, so interleave them across threads */
+	for (int64_t i = ith; i < n_items; i += nth) {
+		int64_t c = i % j->n_chunks;
+		int64_t th = i / j->n_chunks;
+		attend_item(j, &sc, th / sh->n_kv_heads, (int)(th % sh->n_kv_heads), c);
+	}
+}
+
+/* Merge the chunks of each (token, query head), normalise, rotate back into out. */
+static void combine_task(void *ctx, int ith, int nth)
+{
+	const AttendJob *j = ctx;
+	const KvCacheShape *sh = &j->s->base.shape;
+	int G = j->group, d = sh->head_dim;
+	long begin, end;
+	threadpool_split((long)(j->n_tok * sh->n_heads), ith, nth, &begin, &end);
+	for (long i = begin; i < end; i++) {
+		int64_t t = i / sh->n_heads;
+		int hq = (int)(i % sh->n_heads), h = hq / G, g = hq % G;
+		const KvSide *vs = &j->L->heads[h].v;
+		const float *base = j->part + (t * sh->n_kv_heads + h) * j->n_chunks * G * (d + 2);
+		float acc[TQ_MAX_DIM];
+		float m = -INFINITY, l = 0.0f;
+		for (int64_t c = 0; c < j->n_chunks; c++)
+			m = fmaxf(m, base[(c * G + g) * (d + 2) + d]);
+		memset(acc, 0, (size_t)d * sizeof(float));
+		for (int64_t c = 0; c < j->n_chunks; c++) {
+			const float *p = base + (c * G + g) * (d + 2);
+			if (p[d + 1] == 0.0f)
+				continue; /* an empty chunk */
+			float w = expf(p[d] - m);
+			l += w * p[d + 1];
+			for (int x = 0; x < d; x++)
+				acc[x] += w * p[x];
+		}
+		float inv = 1.0f / l;
+		for (int x = 0; x < d; x++)
+			acc[x] *= inv;
+		float *o = j->out + ((size_t)t * sh->n_heads + hq) * d;
+		if (side_is_tq(vs)) {
+			tq_value_finish(vs, acc, o);
+		} else {
+			kvquant_output_finish(&vs->type, acc);
+			memcpy(o, acc, (size_t)d * sizeof(float));
+		}
+	}
+}
+
+/* How many block ranges each (token, kv-head) is split into, and their length. */
+static void choose_split(const KvStore *s, ThreadPool *tp, int64_t pos0, int64_t n_tok,
+			 int64_t *ret_chunks, int64_t *ret_chunk_blocks)
+{
+	int64_t max_blocks = (pos0 + n_tok + BT - 1) / BT;
+	int64_t items = n_tok * s->base.shape.n_kv_heads;
+	int nth = tp ? threadpool_n_threads(tp) : 1;
+	int64_t per = max_blocks;
+	if (s->split_blocks > 0)
+		per = s->split_blocks;
+	else if (items < nth && max_blocks >= 2 * KVSTORE_SPLIT_MIN_BLOCKS) {
+		int64_t want = (2 * nth + items - 1) / items;
+		int64_t chunks = MIN(want, max_blocks / KVSTORE_SPLIT_MIN_BLOCKS);
+		per = (max_blocks + chunks - 1) / chunks;
+	}
+	*ret_chunk_blocks = per;
+	*ret_chunks = (max_blocks + per - 1) / per;
+}
+
+static void store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+			 const float *q, float *out)
+{
+	KvStore *s = (KvStore *)kv;
+	const KvCacheShape *sh = &kv->shape;
+	if (n_tok <= 0)
+		return;
+	AttendJob j = {
+		.s = s, .L = &s->layers[layer], .pos0 = pos0, .n_tok = n_tok,
+		.group = sh->n_heads / sh->n_kv_heads, .q = q, .out = out,
+	};
+	choose_split(s, tp, pos0, n_tok, &j.n_chunks, &j.chunk_blocks);
+
+	size_t n;
+	if (size_mul_overflows((size_t)n_tok * sh->n_heads, (size_t)j.n_chunks, &n) ||
+	    size_mul_overflows(n, (size_t)sh->head_dim + 2, &n))
+		abort();
+	if (n > s->part_n) {
+		float *grown = realloc(s->part, n * sizeof(float));
+		if (!grown)
+			abort(); /* the interface cannot report it; a few MB at most */
+		s->part = grown;
+		s->part_n = n;
+	}
+	j.part = s->part;
+	threadpool_run(tp, attend_task, &j);
+	threadpool_run(tp, combine_task, &j);
+}
+
+static const KvCacheOps kvstore_ops = {
+	.name = "kvstore",
+	.append = store_append,
+	.attend = store_attend,
+	.bytes_per_token = store_bytes_per_token,
+	.free = store_free,
+};
