@@ -1,0 +1,355 @@
+/*
+ * config.c: parsing and validation of turbokvd's settings (see config.h).
+ * Owns the option table; knows nothing of models or sockets beyond their
+ * paths.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "engine/kvtype.h"
+
+typedef enum Key {
+	KEY_MODEL, KEY_KV, KEY_DEVICE, KEY_THREADS, KEY_CTX, KEY_SOCKET, KEY_STATE_DIR,
+	KEY_SESSION_MEMORY, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
+} Key;
+
+/* Name as flag (--name), file key (name) and environment (TURBOKV_NAME, '-' as '_'). */
+static const char *const key_names[_KEY_MAX] = {
+	[KEY_MODEL] = "model", [KEY_KV] = "kv", [KEY_DEVICE] = "device",
+	[KEY_THREADS] = "threads", [KEY_CTX] = "ctx", [KEY_SOCKET] = "socket",
+	[KEY_STATE_DIR] = "state-dir", [KEY_SESSION_MEMORY] = "session-memory",
+	[KEY_CONFIG] = "config", [KEY_HELP] = "help", [KEY_VERSION] = "version",
+};
+
+void config_usage(void)
+{
+	printf("usage: turbokvd [OPTIONS]\n\n"
+	       "The turbokv inference daemon. Runs in the foreground; systemd supervises it.\n\n"
+	       "  --model PATH           GGUF model (default: the setup script's cache)\n"
+	       "  --kv SPEC              KV cache type (default f32)\n"
+	       "  --device auto|cpu|cuda where the model runs (default auto: cpu for now)\n"
+	       "  --threads N            engine threads (default: CPUs, at most 8)\n"
+	       "  --ctx N                context size in tokens (default: the model's, at most 8192)\n"
+	       "  --socket PATH          socket to listen on when not socket-activated\n"
+	       "  --state-dir DIR        where sessions are saved\n"
+	       "  --session-memory BYTES memory budget of sessions (K, M, G suffixes)\n"
+	       "  --config FILE          read key=value settings from FILE\n"
+	       "  --help, --version\n\n"
+	       "Each setting may also come from TURBOKV_<NAME> in the environment\n"
+	       "(TURBOKV_STATE_DIR...) or a `name = value` line of the config file;\n"
+	       "flags win over the environment, which wins over the file.\n");
+}
+
+const char *config_device_name(ConfigDevice d)
+{
+	switch (d) {
+	case CONFIG_DEVICE_AUTO: return "auto";
+	case CONFIG_DEVICE_CPU: return "cpu";
+	case CONFIG_DEVICE_CUDA: return "cuda";
+	}
+	return "?";
+}
+
+static int set_string(char **field, const char *value)
+{
+	char *s = strdup(value);
+	if (!s)
+		return -ENOMEM;
+	free(*field);
+	*field = s;
+	return 0;
+}
+
+static int parse_int(const char *value, long long min, long long max, long long *ret)
+{
+	char *end;
+	errno = 0;
+	long long v = strtoll(value, &end, 10);
+	if (errno || end == value || *end || v < min || v > max)
+		return -EINVAL;
+	*ret = v;
+	return 0;
+}
+
+/* Bytes with an optional K, M, G or T suffix (powers of 1024). */
+static int parse_bytes(const char *value, uint64_t *ret)
+{
+	char *end;
+	errno = 0;
+	if (!isdigit((unsigned char)value[0]))
+		return -EINVAL;
+	unsigned long long v = strtoull(value, &end, 10);
+	if (errno || end == value)
+		return -EINVAL;
+	unsigned shift = 0;
+	switch (*end) {
+	case 0: break;
+	case 'K': case 'k': shift = 10; end++; break;
+	case 'M': case 'm': shift = 20; end++; break;
+	case 'G': case 'g': shift = 30; end++; break;
+	case 'T': case 't': shift = 40; end++; break;
+	default: return -EINVAL;
+	}
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || (shift && v > (UINT64_MAX >> shift)))
+		return -EINVAL;
+	*ret = (uint64_t)v << shift;
+	return 0;
+}
+
+/* Apply one setting; `where` names its origin for messages ("--ctx", "turbokvd.conf:3"). */
+static int config_set(Config *c, Key key, const char *value, const char *where, Error *err)
+{
+	long long v;
+	int r = 0;
+
+	switch (key) {
+	case KEY_MODEL:
+	case KEY_SOCKET:
+	case KEY_STATE_DIR:
+		if (!value[0] || strlen(value) >= PATH_MAX)
+			return error_set(err, CONFIG_E_USAGE, "%s: empty or overlong path", where);
+		if (key == KEY_SOCKET && strlen(value) >= 108)
+			return error_set(err, CONFIG_E_USAGE,
+					 "%s: socket path '%s' is longer than a Unix socket address allows (107 bytes)",
+					 where, value);
+		r = set_string(key == KEY_MODEL ? &c->model_path
+			       : key == KEY_SOCKET ? &c->socket_path : &c->state_dir, value);
+		break;
+	case KEY_KV: {
+		KvSpec spec;
+		Error e = { 0 };
+		if (kvspec_parse(value, &spec, &e) != 0)
+			return error_set(err, CONFIG_E_USAGE, "%s: bad KV spec '%s': %s", where, value, e.msg);
+		r = set_string(&c->kv_spec, value);
+		break;
+	}
+	case KEY_DEVICE:
+		if (strcmp(value, "auto") == 0)
+			c->device = CONFIG_DEVICE_AUTO;
+		else if (strcmp(value, "cpu") == 0)
+			c->device = CONFIG_DEVICE_CPU;
+		else if (strcmp(value, "cuda") == 0)
+			c->device = CONFIG_DEVICE_CUDA;
+		else
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not one of auto, cpu, cuda", where, value);
+		break;
+	case KEY_THREADS:
+		if (parse_int(value, 1, 256, &v) < 0)
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not an integer in [1, 256]", where, value);
+		c->threads = (int)v;
+		break;
+	case KEY_CTX:
+		if (parse_int(value, 0, 1 << 24, &v) < 0 || (v != 0 && v < 16))
+			return error_set(err, CONFIG_E_USAGE,
+					 "%s: '%s' is not 0 (the model's) or an integer in [16, %d]", where, value, 1 << 24);
+		c->ctx = v;
+		break;
+	case KEY_SESSION_MEMORY:
+		if (parse_bytes(value, &c->session_memory) < 0)
+			return error_set(err, CONFIG_E_USAGE,
+					 "%s: '%s' is not a byte count (digits with an optional K, M, G or T)", where, value);
+		break;
+	case KEY_CONFIG:
+		r = set_string(&c->config_path, value);
+		break;
+	case KEY_HELP:
+		c->help = true;
+		break;
+	case KEY_VERSION:
+		c->version = true;
+		break;
+	default:
+		return error_set(err, CONFIG_E_USAGE, "%s: unknown setting", where);
+	}
+	if (r < 0)
+		return error_set(err, r, "out of memory");
+	return 0;
+}
+
+static Key key_from_name(const char *name)
+{
+	for (int k = 0; k < _KEY_MAX; k++)
+		if (strcmp(key_names[k], name) == 0)
+			return (Key)k;
+	return _KEY_MAX;
+}
+
+static char *trim(char *s)
+{
+	while (isspace((unsigned char)*s))
+		s++;
+	size_t n = strlen(s);
+	while (n > 0 && isspace((unsigned char)s[n - 1]))
+		s[--n] = 0;
+	return s;
+}
+
+static void fclosep(FILE **f)
+{
+	if (*f)
+		fclose(*f);
+}
+
+static int config_read_file(Config *c, const char *path, Error *err)
+{
+	_cleanup_(fclosep) FILE *f = fopen(path, "re");
+	char line[8192], where[PATH_MAX + 32];
+	unsigned n = 0;
+
+	if (!f)
+		return error_set(err, -errno, "cannot open config file %s: %s", path, strerror(errno));
+	while (fgets(line, sizeof(line), f)) {
+		n++;
+		snprintf(where, sizeof(where), "%s:%u", path, n);
+		if (!strchr(line, '\n') && !feof(f))
+			return error_set(err, CONFIG_E_USAGE, "%s: line longer than %zu bytes", where, sizeof(line) - 1);
+		char *s = trim(line);
+		if (!*s || *s == '#')
+			continue;
+		char *eq = strchr(s, '=');
+		if (!eq)
+			return error_set(err, CONFIG_E_USAGE, "%s: expected 'key = value'", where);
+		*eq = 0;
+		char *key = trim(s), *value = trim(eq + 1);
+		Key k = key_from_name(key);
+		if (k == _KEY_MAX || k == KEY_CONFIG || k == KEY_HELP || k == KEY_VERSION)
+			return error_set(err, CONFIG_E_USAGE, "%s: unknown key '%s'", where, key);
+		int r = config_set(c, k, value, where, err);
+		if (r)
+			return r;
+	}
+	if (ferror(f))
+		return error_set(err, -EIO, "cannot read config file %s", path);
+	return 0;
+}
+
+static int config_read_env(Config *c, Error *err)
+{
+	for (int k = 0; k < _KEY_MAX; k++) {
+		char name[64];
+		if (k == KEY_CONFIG || k == KEY_HELP || k == KEY_VERSION)
+			continue;
+		snprintf(name, sizeof(name), "TURBOKV_%s", key_names[k]);
+		for (char *p = name; *p; p++)
+			*p = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+		const char *v = getenv(name);
+		if (!v || !*v)
+			continue;
+		int r = config_set(c, (Key)k, v, name, err);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+static int config_defaults(Config *c)
+{
+	char buf[PATH_MAX];
+	const char *home = getenv("HOME") ? getenv("HOME") : "/";
+	const char *xdg;
+	bool root = geteuid() == 0;
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	c->threads = (int)(n < 1 ? 1 : n > 8 ? 8 : n);
+	c->device = CONFIG_DEVICE_AUTO;
+	c->session_memory = 1ull << 30;
+	if ((xdg = getenv("XDG_CACHE_HOME")) && *xdg)
+		snprintf(buf, sizeof(buf), "%s/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
+	else
+		snprintf(buf, sizeof(buf), "%s/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf", home);
+	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, "f32") < 0)
+		return -ENOMEM;
+
+	if (root || !(xdg = getenv("XDG_RUNTIME_DIR")) || !*xdg)
+		snprintf(buf, sizeof(buf), "/run/turbokv/turbokv.sock");
+	else
+		snprintf(buf, sizeof(buf), "%s/turbokv/turbokv.sock", xdg);
+	if (set_string(&c->socket_path, buf) < 0)
+		return -ENOMEM;
+
+	if ((xdg = getenv("STATE_DIRECTORY")) && *xdg) {
+		/* systemd may list several, colon-separated: ours is the first. */
+		snprintf(buf, sizeof(buf), "%.*s", (int)strcspn(xdg, ":"), xdg);
+	} else if (root)
+		snprintf(buf, sizeof(buf), "/var/lib/turbokv");
+	else if ((xdg = getenv("XDG_STATE_HOME")) && *xdg)
+		snprintf(buf, sizeof(buf), "%s/turbokv", xdg);
+	else
+		snprintf(buf, sizeof(buf), "%s/.local/state/turbokv", home);
+	return set_string(&c->state_dir, buf);
+}
+
+int config_load(Config *c, int argc, char **argv, Error *err)
+{
+	static const struct option longopts[] = {
+		{ "model", required_argument, NULL, KEY_MODEL },
+		{ "kv", required_argument, NULL, KEY_KV },
+		{ "device", required_argument, NULL, KEY_DEVICE },
+		{ "threads", required_argument, NULL, KEY_THREADS },
+		{ "ctx", required_argument, NULL, KEY_CTX },
+		{ "socket", required_argument, NULL, KEY_SOCKET },
+		{ "state-dir", required_argument, NULL, KEY_STATE_DIR },
+		{ "session-memory", required_argument, NULL, KEY_SESSION_MEMORY },
+		{ "config", required_argument, NULL, KEY_CONFIG },
+		{ "help", no_argument, NULL, KEY_HELP },
+		{ "version", no_argument, NULL, KEY_VERSION },
+		{}
+	};
+	int opt, r;
+	char where[64];
+
+	if ((r = config_defaults(c)) < 0)
+		return error_set(err, r, "out of memory");
+
+	/* First pass: only --config, which decides the file read before the rest. */
+	const char *path = getenv("TURBOKV_CONFIG");
+	opterr = 0;
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1)
+		if (opt == KEY_CONFIG)
+			path = optarg;
+	if (path && *path) {
+		if ((r = config_set(c, KEY_CONFIG, path, "--config", err)) ||
+		    (r = config_read_file(c, path, err)))
+			return r;
+	}
+	if ((r = config_read_env(c, err)))
+		return r;
+
+	opterr = 0;
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+		if (opt == '?' || opt == ':') {
+			const char *bad = argv[optind - 1];
+			return error_set(err, CONFIG_E_USAGE, "unknown option or missing value: '%s' (see --help)",
+					 bad ? bad : "?");
+		}
+		if (opt == KEY_CONFIG)
+			continue;
+		snprintf(where, sizeof(where), "--%s", key_names[opt]);
+		if ((r = config_set(c, (Key)opt, optarg ? optarg : "", where, err)))
+			return r;
+	}
+	if (optind < argc)
+		return error_set(err, CONFIG_E_USAGE, "unexpected argument '%s' (see --help)", argv[optind]);
+	return 0;
+}
+
+void config_done(Config *c)
+{
+	free(c->model_path);
+	free(c->kv_spec);
+	free(c->socket_path);
+	free(c->state_dir);
+	free(c->config_path);
+	*c = (Config){ 0 };
+}

@@ -1,0 +1,75 @@
+/*
+ * config.h: turbokvd's settings, from (lowest to highest precedence) the
+ * built-in defaults, a config file, TURBOKV_* environment variables and
+ * the command line.
+ *
+ * Every setting has one name used in all three places:
+ *
+ *   flag               config file key     environment
+ *   --model PATH       model=PATH          TURBOKV_MODEL
+ *   --kv SPEC          kv=SPEC             TURBOKV_KV
+ *   --device D         device=D            TURBOKV_DEVICE      auto | cpu | cuda
+ *   --threads N        threads=N           TURBOKV_THREADS     1..256
+ *   --ctx N            ctx=N               TURBOKV_CTX         0 (model's, at most 8192) or 16..2^24
+ *   --socket PATH      socket=PATH         TURBOKV_SOCKET
+ *   --state-dir DIR    state-dir=DIR       TURBOKV_STATE_DIR
+ *   --session-memory B session-memory=B    TURBOKV_SESSION_MEMORY  bytes, K/M/G suffixes
+ *   --config FILE      -                   TURBOKV_CONFIG
+ *
+ * The config file holds `key = value` lines; blank lines and lines
+ * starting with '#' are ignored; whitespace around key and value is
+ * trimmed; an unknown key or a bad value is an error naming file and
+ * line. Without --config or TURBOKV_CONFIG no file is read.
+ *
+ * Defaults: the model is $XDG_CACHE_HOME/turbokv/models/SmolLM2-135M-
+ * Instruct.Q4_1.gguf (~/.cache when unset: the setup script's cache);
+ * the socket is /run/turbokv/turbokv.sock for root and
+ * $XDG_RUNTIME_DIR/turbokv/turbokv.sock for a user; the state directory
+ * is $STATE_DIRECTORY (set by systemd's StateDirectory=), else
+ * /var/lib/turbokv for root, else $XDG_STATE_HOME/turbokv
+ * (~/.local/state/turbokv).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/util.h"
+
+typedef enum ConfigDevice {
+	CONFIG_DEVICE_AUTO,
+	CONFIG_DEVICE_CPU,
+	CONFIG_DEVICE_CUDA,
+} ConfigDevice;
+
+typedef struct Config {
+	char *model_path;
+	char *kv_spec;          /* as given, checked by kvspec_parse() */
+	ConfigDevice device;
+	int threads;
+	int64_t ctx;            /* 0: the model's, at most 8192 */
+	char *socket_path;
+	char *state_dir;
+	uint64_t session_memory; /* bytes; accepted, not used yet (sessions: issue 7) */
+	char *config_path;
+	bool help;
+	bool version;
+} Config;
+
+/* Positive codes of this module. */
+enum {
+	CONFIG_E_USAGE = 1, /* a bad flag, key or value; err says which */
+};
+
+/*
+ * Fill *c from defaults, file, environment and argv. Returns 0,
+ * CONFIG_E_USAGE or -errno (-ENOMEM, or the config file cannot be read),
+ * with err set. c must be zeroed; free with config_done() in any case.
+ */
+int config_load(Config *c, int argc, char **argv, Error *err);
+void config_done(Config *c);
+
+/* Print the --help text. */
+void config_usage(void);
+
+const char *config_device_name(ConfigDevice d);

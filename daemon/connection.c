@@ -1,0 +1,461 @@
+/*
+ * connection.c: one client: bytes and descriptors in, frames decoded and
+ * validated, requests dispatched, replies queued and written (see
+ * connection.h).
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include "connection.h"
+#include "ipc/fdpass.h"
+#include "ipc/frame.h"
+#include "ipc/memfd.h"
+#include "log.h"
+#include "request.h"
+#include "scheduler.h"
+
+#define CONNECTION_READ_BYTES (64u * 1024)
+#define CONNECTION_READS_PER_EVENT 4 /* then let others have the loop */
+
+static void connection_update_events(Connection *c)
+{
+	uint32_t ev = 0;
+	if (c->dead || !c->io)
+		return;
+	if (!c->closing && frame_writer_pending(c->writer) <= CONNECTION_MAX_PENDING)
+		ev |= EPOLLIN;
+	if (frame_writer_pending(c->writer) > 0)
+		ev |= EPOLLOUT;
+	(void)sd_event_source_set_io_events(c->io, ev);
+}
+
+static void connection_kill(Connection *c)
+{
+	if (c->dead)
+		return;
+	c->dead = true;
+	if (c->io)
+		(void)sd_event_source_set_enabled(c->io, SD_EVENT_OFF);
+}
+
+/* Write what the socket takes; a drained closing connection is done. */
+static void connection_flush(Connection *c)
+{
+	if (c->dead)
+		return;
+	bool was_blocked = frame_writer_pending(c->writer) > CONNECTION_MAX_PENDING;
+	int r = frame_writer_flush(c->writer, c->fd);
+	if (r < 0 && r != -EAGAIN) {
+		log_debug("client %llu: write failed: %s", (unsigned long long)c->id, strerror(-r));
+		connection_kill(c);
+		return;
+	}
+	if (r == 0 && c->closing) {
+		connection_kill(c);
+		return;
+	}
+	connection_update_events(c);
+	if (was_blocked && frame_writer_pending(c->writer) <= CONNECTION_MAX_PENDING)
+		scheduler_wake(c->manager->scheduler);
+}
+
+void connection_send(Connection *c, const Turbokv__V1__ServerMessage *msg)
+{
+	size_t len = turbokv__v1__server_message__get_packed_size(msg);
+	_cleanup_(freep) uint8_t *buf = malloc(len ? len : 1);
+	Error err = { 0 };
+
+	if (c->dead)
+		return;
+	if (!buf) {
+		log_error("client %llu: out of memory for a reply; dropping the client", (unsigned long long)c->id);
+		connection_kill(c);
+		return;
+	}
+	turbokv__v1__server_message__pack(msg, buf);
+	if (frame_writer_push(c->writer, buf, len, &err) != 0) {
+		log_error("client %llu: cannot queue a reply: %s", (unsigned long long)c->id, err.msg);
+		connection_kill(c);
+		return;
+	}
+	connection_flush(c);
+}
+
+void connection_send_error(Connection *c, uint64_t request_id, int code, const char *fmt, ...)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__Error e = TURBOKV__V1__ERROR__INIT;
+	char text[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	e.request_id = request_id;
+	e.code = (Turbokv__V1__ErrorCode)code;
+	e.message = text;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_ERROR;
+	msg.error = &e;
+	connection_send(c, &msg);
+	if (request_id == 0) {
+		/* Connection-level: nothing more is read; close once this is written. */
+		log_info("client %llu (uid %u): %s: %s; closing", (unsigned long long)c->id,
+			 (unsigned)c->cred.uid, protocol_error_code_name(code), text);
+		c->closing = true;
+		connection_flush(c);
+	}
+}
+
+bool connection_writable(const Connection *c)
+{
+	return !c->dead && !c->closing && frame_writer_pending(c->writer) <= CONNECTION_MAX_PENDING;
+}
+
+static Request *connection_find(Connection *c, uint64_t id, size_t *ret_index)
+{
+	for (size_t i = 0; i < c->n_requests; i++)
+		if (c->requests[i]->id == id) {
+			if (ret_index)
+				*ret_index = i;
+			return c->requests[i];
+		}
+	return NULL;
+}
+
+void connection_request_done(Connection *c, Request *r)
+{
+	size_t i;
+	if (!connection_find(c, r->id, &i))
+		return;
+	memmove(c->requests + i, c->requests + i + 1, (c->n_requests - i - 1) * sizeof(Request *));
+	c->n_requests--;
+	if (c->rr > i)
+		c->rr--;
+	if (c->rr >= c->n_requests)
+		c->rr = 0;
+	request_free(r);
+}
+
+static void connection_send_hello_reply(Connection *c, uint32_t version)
+{
+	Manager *m = c->manager;
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__HelloReply h = TURBOKV__V1__HELLO_REPLY__INIT;
+
+	h.protocol_version = version;
+	h.min_protocol_version = TURBOKV_PROTOCOL_MIN_VERSION;
+	h.max_protocol_version = TURBOKV_PROTOCOL_VERSION;
+	h.server_version = (char *)PACKAGE_VERSION;
+	h.model_name = m->model_name;
+	h.model_fingerprint = m->fingerprint;
+	h.kv_type = m->config->kv_spec;
+	h.context_size = (uint32_t)m->n_ctx;
+	h.n_threads = (uint32_t)m->config->threads;
+	h.device = (char *)m->device_name;
+	h.max_frame_bytes = PROTOCOL_MAX_FRAME_BYTES;
+	h.max_attachment_bytes = PROTOCOL_MAX_ATTACHMENT_BYTES;
+	h.max_requests_in_flight = MANAGER_MAX_REQUESTS_PER_CLIENT;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_HELLO_REPLY;
+	msg.hello_reply = &h;
+	connection_send(c, &msg);
+}
+
+static void connection_send_status(Connection *c, uint64_t id)
+{
+	Manager *m = c->manager;
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__StatusReply s = TURBOKV__V1__STATUS_REPLY__INIT;
+
+	s.request_id = id;
+	s.server_version = (char *)PACKAGE_VERSION;
+	s.model_name = m->model_name;
+	s.model_fingerprint = m->fingerprint;
+	s.kv_type = m->config->kv_spec;
+	s.device = (char *)m->device_name;
+	s.context_size = (uint32_t)m->n_ctx;
+	s.n_threads = (uint32_t)m->config->threads;
+	s.uptime_ms = manager_uptime_ms(m);
+	s.connections = m->n_connections;
+	s.requests_active = scheduler_n_active(m->scheduler);
+	s.requests_queued = scheduler_n_queued(m->scheduler);
+	s.session_memory_budget_bytes = m->config->session_memory;
+	s.kv_bits_per_value = m->kv_bits_per_value;
+	s.tokens_generated = m->tokens_generated;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_STATUS_REPLY;
+	msg.status_reply = &s;
+	connection_send(c, &msg);
+}
+
+static void connection_generate(Connection *c, const Turbokv__V1__Generate *g, int *fds, size_t n_fds)
+{
+	Manager *m = c->manager;
+	Request *r = NULL;
+	Error err = { 0 };
+	int k;
+
+	if (m->stopping)
+		k = error_set(&err, PROTOCOL_E_SHUTTING_DOWN, "the daemon is stopping");
+	else if (connection_find(c, g->request_id, NULL))
+		k = error_set(&err, PROTOCOL_E_REQUEST_ID_IN_USE, "request_id %llu is already in flight",
+			      (unsigned long long)g->request_id);
+	else if (c->n_requests >= MANAGER_MAX_REQUESTS_PER_CLIENT)
+		k = error_set(&err, PROTOCOL_E_TOO_MANY_REQUESTS, "at most %u requests may be in flight",
+			      MANAGER_MAX_REQUESTS_PER_CLIENT);
+	else {
+		k = request_new_consume_fds(m, c, g, fds, n_fds, &r, &err);
+		n_fds = 0;
+	}
+	for (size_t i = 0; i < n_fds; i++)
+		safe_close(fds[i]);
+	if (k != 0) {
+		connection_send_error(c, g->request_id, k > 0 ? k : PROTOCOL_E_INTERNAL, "%s", err.msg);
+		return;
+	}
+	c->requests[c->n_requests++] = r;
+	scheduler_wake(m->scheduler);
+}
+
+static void connection_cancel(Connection *c, uint64_t id)
+{
+	Request *r = connection_find(c, id, NULL);
+	if (!r) {
+		connection_send_error(c, id, PROTOCOL_E_UNKNOWN_REQUEST, "request %llu is not in flight",
+				      (unsigned long long)id);
+		return;
+	}
+	request_cancel(r, false);
+	connection_request_done(c, r);
+}
+
+/* Act on one validated message that came after Hello. */
+static void connection_dispatch(Connection *c, const Turbokv__V1__ClientMessage *msg, int *fds, size_t n_fds)
+{
+	switch (msg->msg_case) {
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_GENERATE:
+		connection_generate(c, msg->generate, fds, n_fds);
+		return;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_CANCEL:
+		connection_cancel(c, msg->cancel->request_id);
+		break;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_STATUS:
+		connection_send_status(c, msg->status->request_id);
+		break;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_LIST: {
+		/* Sessions come with issue 7; until then nobody has any. */
+		Turbokv__V1__ServerMessage reply = TURBOKV__V1__SERVER_MESSAGE__INIT;
+		Turbokv__V1__SessionListReply l = TURBOKV__V1__SESSION_LIST_REPLY__INIT;
+		l.request_id = msg->session_list->request_id;
+		reply.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_SESSION_LIST_REPLY;
+		reply.session_list_reply = &l;
+		connection_send(c, &reply);
+		break;
+	}
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_SHOW:
+		connection_send_error(c, msg->session_show->request_id, PROTOCOL_E_SESSION_NOT_FOUND,
+				      "session '%s': sessions are not implemented yet", msg->session_show->name);
+		break;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_DELETE:
+		connection_send_error(c, msg->session_delete->request_id, PROTOCOL_E_SESSION_NOT_FOUND,
+				      "session '%s': sessions are not implemented yet", msg->session_delete->name);
+		break;
+	default:
+		connection_send_error(c, 0, PROTOCOL_E_BAD_MESSAGE, "unexpected message");
+		break;
+	}
+	for (size_t i = 0; i < n_fds; i++)
+		safe_close(fds[i]);
+}
+
+/* The request id a message carries, 0 if none. */
+static uint64_t message_request_id(const Turbokv__V1__ClientMessage *m)
+{
+	switch (m->msg_case) {
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_GENERATE: return m->generate ? m->generate->request_id : 0;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_CANCEL: return m->cancel ? m->cancel->request_id : 0;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_STATUS: return m->status ? m->status->request_id : 0;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_LIST: return m->session_list ? m->session_list->request_id : 0;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_SHOW: return m->session_show ? m->session_show->request_id : 0;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_DELETE:
+		return m->session_delete ? m->session_delete->request_id : 0;
+	default: return 0;
+	}
+}
+
+/*
+ * One frame: decode, claim its descriptors, validate, check the
+ * connection's state, act.
+ */
+static void connection_handle_frame(Connection *c, const Frame *f)
+{
+	_cleanup_(protocol_client_message_freep) Turbokv__V1__ClientMessage *msg = NULL;
+	int fds[FDPASS_MAX_FDS];
+	size_t n_fds = 0;
+	Error err = { 0 };
+	int r;
+
+	msg = turbokv__v1__client_message__unpack(NULL, f->len, f->data);
+	if (!msg) {
+		fd_queue_take(c->fds, f->offset, 0, fds); /* closes strays, if any */
+		connection_send_error(c, 0, PROTOCOL_E_BAD_FRAME, "%zu bytes that are not a ClientMessage", f->len);
+		return;
+	}
+	if (msg->msg_case == TURBOKV__V1__CLIENT_MESSAGE__MSG_GENERATE && msg->generate)
+		n_fds = msg->generate->n_attachments;
+	if (n_fds > FDPASS_MAX_FDS) {
+		connection_send_error(c, 0, PROTOCOL_E_BAD_MESSAGE, "generate.attachments: more than %u",
+				      (unsigned)FDPASS_MAX_FDS);
+		return;
+	}
+	r = fd_queue_take(c->fds, f->offset, n_fds, fds);
+	if (r != 0) {
+		connection_send_error(c, 0, PROTOCOL_E_BAD_MESSAGE, "descriptors do not match the frame: %s",
+				      r > 0 ? fdpass_error_name(r) : strerror(-r));
+		return;
+	}
+
+	r = protocol_validate_client_message(msg, n_fds, &err);
+	if (r == 0 && !c->hello_done && msg->msg_case != TURBOKV__V1__CLIENT_MESSAGE__MSG_HELLO)
+		r = error_set(&err, PROTOCOL_E_HELLO_REQUIRED, "the first message must be Hello");
+	else if (r == 0 && c->hello_done && msg->msg_case == TURBOKV__V1__CLIENT_MESSAGE__MSG_HELLO)
+		r = error_set(&err, PROTOCOL_E_HELLO_REQUIRED, "a second Hello");
+	if (r != 0) {
+		uint64_t id = r == PROTOCOL_E_HELLO_REQUIRED || r == PROTOCOL_E_BAD_FRAME || !c->hello_done
+			? 0 : message_request_id(msg);
+		for (size_t i = 0; i < n_fds; i++)
+			safe_close(fds[i]);
+		connection_send_error(c, id, r, "%s", err.msg);
+		return;
+	}
+
+	if (msg->msg_case == TURBOKV__V1__CLIENT_MESSAGE__MSG_HELLO) {
+		c->hello_done = true;
+		snprintf(c->client_name, sizeof(c->client_name), "%s",
+			 msg->hello->client_name ? msg->hello->client_name : "");
+		log_debug("client %llu: hello from '%s' (uid %u, pid %d)", (unsigned long long)c->id,
+			  c->client_name, (unsigned)c->cred.uid, (int)c->cred.pid);
+		connection_send_hello_reply(c, msg->hello->protocol_version);
+		return;
+	}
+	connection_dispatch(c, msg, fds, n_fds);
+}
+
+/* Read what is there, handle complete frames. */
+static void connection_read(Connection *c)
+{
+	uint8_t buf[CONNECTION_READ_BYTES];
+	Error err = { 0 };
+
+	for (int i = 0; i < CONNECTION_READS_PER_EVENT && !c->dead && !c->closing; i++) {
+		size_t n;
+		int r = fdpass_recv(c->fd, buf, sizeof(buf), c->fds, &n);
+		if (r == -EAGAIN || r == -EINTR)
+			return;
+		if (r != 0) {
+			log_info("client %llu: receive failed: %s; dropping it", (unsigned long long)c->id,
+				 r > 0 ? fdpass_error_name(r) : strerror(-r));
+			connection_kill(c);
+			return;
+		}
+		if (n == 0) {
+			/* The client hung up; an unfinished frame does not matter any more. */
+			connection_kill(c);
+			return;
+		}
+		r = frame_reader_feed(c->reader, buf, n, &err);
+		if (r != 0) {
+			connection_send_error(c, 0, PROTOCOL_E_BAD_FRAME, "%s", r > 0 ? err.msg : strerror(-r));
+			return;
+		}
+		Frame f;
+		while (!c->dead && !c->closing && frame_reader_pop(c->reader, &f) == 0)
+			connection_handle_frame(c, &f);
+	}
+}
+
+static int connection_on_io(sd_event_source *s, int fd, uint32_t revents, void *userdata)
+{
+	Connection *c = userdata;
+
+	if (revents & EPOLLOUT)
+		connection_flush(c);
+	if (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+		if (c->closing && (revents & (EPOLLHUP | EPOLLERR)))
+			connection_kill(c);
+		else if (!c->closing)
+			connection_read(c);
+	}
+	manager_gc(c->manager);
+	return 0;
+}
+
+int connection_new_consume_fd(Manager *m, int fd, Connection **ret)
+{
+	Connection *c = calloc(1, sizeof(*c));
+	int r;
+
+	if (!c) {
+		safe_close(fd);
+		return -ENOMEM;
+	}
+	c->manager = m;
+	c->fd = fd;
+	c->id = ++m->next_connection_id;
+	if ((r = peercred_get(fd, &c->cred)) < 0 || (r = frame_reader_new(PROTOCOL_MAX_FRAME_BYTES, &c->reader)) < 0 ||
+	    (r = frame_writer_new(PROTOCOL_MAX_FRAME_BYTES, &c->writer)) < 0 ||
+	    (r = fd_queue_new(0, &c->fds)) < 0 ||
+	    (r = sd_event_add_io(m->event, &c->io, fd, EPOLLIN, connection_on_io, c)) < 0) {
+		connection_free(c);
+		return r;
+	}
+	(void)sd_event_source_set_description(c->io, "client");
+	c->next = m->connections;
+	if (m->connections)
+		m->connections->prev = c;
+	m->connections = c;
+	m->n_connections++;
+	*ret = c;
+	return 0;
+}
+
+Connection *connection_free(Connection *c)
+{
+	if (!c)
+		return NULL;
+	Manager *m = c->manager;
+	if (c->prev || m->connections == c) {
+		if (c->prev)
+			c->prev->next = c->next;
+		else
+			m->connections = c->next;
+		if (c->next)
+			c->next->prev = c->prev;
+		m->n_connections--;
+	}
+	if (m->scheduler)
+		scheduler_forget(m->scheduler, c);
+	for (size_t i = 0; i < c->n_requests; i++)
+		request_free(c->requests[i]);
+	sd_event_source_disable_unref(c->io);
+	frame_reader_free(c->reader);
+	frame_writer_free(c->writer);
+	fd_queue_free(c->fds);
+	safe_close(c->fd);
+	free(c);
+	return NULL;
+}
+
+void connection_shutdown(Connection *c)
+{
+	while (c->n_requests > 0) {
+		Request *r = c->requests[0];
+		request_cancel(r, true);
+		connection_request_done(c, r);
+	}
+	c->closing = true;
+	connection_flush(c);
+}

@@ -1,0 +1,68 @@
+/*
+ * connection.h: one client on the socket.
+ *
+ * Owns the client's socket, its FrameReader, FrameWriter and FdQueue, its
+ * peer credentials, the protocol state (Hello first, then requests by id)
+ * and its requests in flight. Decodes and validates each frame and turns
+ * it into an action: a reply, a new Request for the scheduler, a cancel.
+ * A protocol violation is answered by Error{request_id: 0} and the
+ * connection closes once that is written.
+ *
+ * Backpressure: when more than CONNECTION_MAX_PENDING bytes of replies
+ * wait for the client to read them, the daemon stops reading its requests
+ * and the scheduler stops generating for it, until it catches up.
+ *
+ * A connection is never freed in the middle of an event: a failure marks
+ * it dead and manager_gc() frees it (cancelling its requests) afterwards.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ipc/peercred.h"
+#include "manager.h"
+#include "proto/protocol.h"
+
+typedef struct Request Request;
+
+#define CONNECTION_MAX_PENDING (256u * 1024)
+
+struct Connection {
+	Manager *manager;
+	Connection *prev, *next;
+	uint64_t id;
+	int fd;
+	sd_event_source *io;
+	PeerCred cred;
+	struct FrameReader *reader;
+	struct FrameWriter *writer;
+	struct FdQueue *fds;
+	bool hello_done;
+	bool closing; /* a connection-level Error is queued: read nothing more, close when flushed */
+	bool dead;    /* to be freed by manager_gc() */
+	char client_name[64];
+	Request *requests[MANAGER_MAX_REQUESTS_PER_CLIENT]; /* in arrival order */
+	size_t n_requests;
+	size_t rr; /* next request index the scheduler looks at */
+};
+
+/* Take over an accepted socket (consumed, even on error). Returns 0 or -errno. */
+int connection_new_consume_fd(Manager *m, int fd, Connection **ret);
+/* Cancel its requests silently, close, unlink from the manager. Returns NULL. */
+Connection *connection_free(Connection *c);
+
+/* Queue one message and try to write it. Failure marks the connection dead. */
+void connection_send(Connection *c, const Turbokv__V1__ServerMessage *msg);
+void connection_send_error(Connection *c, uint64_t request_id, int code, const char *fmt, ...)
+	_printf_(4, 5);
+
+/* Whether the scheduler may produce output for this connection now. */
+bool connection_writable(const Connection *c);
+
+/* Remove r from c's requests and free it. */
+void connection_request_done(Connection *c, Request *r);
+
+/* Shutdown: end every request with Done(CANCELLED) or Error(SHUTTING_DOWN), close after flushing. */
+void connection_shutdown(Connection *c);

@@ -1,0 +1,67 @@
+/*
+ * log.c: stderr logging with journal priority prefixes (see log.h).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "log.h"
+
+static bool log_to_journal;
+static int log_max_level = LOG_INFO;
+
+/* JOURNAL_STREAM is "DEV:INO" of the stream; it counts only if stderr is that stream. */
+static bool stderr_is_journal(void)
+{
+	const char *e = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	if (!e || sscanf(e, "%llu:%llu", &dev, &ino) != 2)
+		return false;
+	if (fstat(STDERR_FILENO, &st) < 0)
+		return false;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+void log_setup(int max_level)
+{
+	log_to_journal = stderr_is_journal();
+	log_max_level = max_level;
+}
+
+static void log_write(int level, const char *fmt, va_list ap, int r)
+{
+	char msg[2048];
+	int saved = errno;
+
+	if (level > log_max_level)
+		return;
+	/* %m means the error r stands for, not whatever errno happens to hold. */
+	errno = r < 0 ? -r : saved;
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	if (log_to_journal)
+		fprintf(stderr, "<%d>%s\n", level, msg);
+	else
+		fprintf(stderr, "turbokvd: %s\n", msg);
+	errno = saved;
+}
+
+void log_full(int level, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	log_write(level, fmt, ap, 0);
+	va_end(ap);
+}
+
+int log_full_errno(int level, int r, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	log_write(level, fmt, ap, r);
+	va_end(ap);
+	return r < 0 ? r : -EIO;
+}

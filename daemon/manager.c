@@ -1,0 +1,272 @@
+/*
+ * manager.c: the daemon's startup and shutdown story (see manager.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "connection.h"
+#include "engine/kvstore.h"
+#include "listener.h"
+#include "log.h"
+#include "manager.h"
+#include "scheduler.h"
+
+#define MANAGER_SHUTDOWN_FLUSH_USEC (2 * 1000 * 1000ull) /* how long replies may take to drain */
+
+int manager_new(const Config *config, Manager **ret)
+{
+	Manager *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->config = config;
+	m->start_ns = now_ns();
+	*ret = m;
+	return 0;
+}
+
+Manager *manager_free(Manager *m)
+{
+	if (!m)
+		return NULL;
+	while (m->connections)
+		connection_free(m->connections);
+	m->scheduler = scheduler_free(m->scheduler);
+	m->listener = listener_free(m->listener);
+	model_run_free(m->run);
+	threadpool_free(m->threads);
+	kvplan_free(m->kv_plan);
+	free(m->default_system);
+	tokenizer_free(m->tokenizer);
+	model_free(m->model);
+	sd_event_unref(m->event);
+	free(m);
+	return NULL;
+}
+
+uint64_t manager_uptime_ms(const Manager *m)
+{
+	return (now_ns() - m->start_ns) / 1000000;
+}
+
+void manager_gc(Manager *m)
+{
+	Connection *c = m->connections;
+	while (c) {
+		Connection *next = c->next;
+		if (c->dead) {
+			log_debug("client %llu gone", (unsigned long long)c->id);
+			connection_free(c);
+		}
+		c = next;
+	}
+	if (m->stopping && !m->connections)
+		(void)sd_event_exit(m->event, 0);
+}
+
+static int manager_on_flush_timeout(sd_event_source *s, uint64_t usec, void *userdata)
+{
+	Manager *m = userdata;
+	log_warning("%u clients did not read their last replies in time; closing them", m->n_connections);
+	return sd_event_exit(m->event, 0);
+}
+
+/*
+ * SIGTERM/SIGINT: stop accepting, end every request with a final message,
+ * and exit once the replies are written (or after a short grace period).
+ * A second signal exits at once.
+ */
+static int manager_on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata)
+{
+	Manager *m = userdata;
+
+	if (m->stopping)
+		return sd_event_exit(m->event, 0);
+	log_info("received %s; stopping", strsignal((int)si->ssi_signo));
+	m->stopping = true;
+	(void)sd_notify(false, "STOPPING=1\nSTATUS=Stopping: cancelling requests in flight");
+	listener_stop(m->listener);
+	for (Connection *c = m->connections; c; c = c->next)
+		connection_shutdown(c);
+	(void)sd_event_add_time_relative(m->event, NULL, CLOCK_MONOTONIC, MANAGER_SHUTDOWN_FLUSH_USEC, 0,
+					 manager_on_flush_timeout, m);
+	manager_gc(m);
+	return 0;
+}
+
+static int manager_setup_events(Manager *m)
+{
+	sigset_t mask;
+	int r;
+
+	if ((r = sd_event_default(&m->event)) < 0)
+		return log_error_errno(r, "cannot create the event loop: %m");
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+		return log_error_errno(-errno, "cannot block signals: %m");
+	if ((r = sd_event_add_signal(m->event, NULL, SIGTERM, manager_on_signal, m)) < 0 ||
+	    (r = sd_event_add_signal(m->event, NULL, SIGINT, manager_on_signal, m)) < 0)
+		return log_error_errno(r, "cannot watch signals: %m");
+	/* Pings WATCHDOG=1 at half of WatchdogSec= when the service sets one; a no-op otherwise. */
+	if ((r = sd_event_set_watchdog(m->event, true)) < 0)
+		return log_error_errno(r, "cannot set up the watchdog: %m");
+	if (r > 0)
+		log_info("watchdog enabled");
+	return 0;
+}
+
+/* A 64-bit FNV-1a-style hash of the whole model file, so clients can tell models apart. */
+static int model_fingerprint(const char *path, char out[17])
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	uint64_t h = 0xcbf29ce484222325ull;
+	_cleanup_(freep) uint8_t *buf = malloc(1 << 20);
+	ssize_t n;
+
+	if (fd < 0)
+		return -errno;
+	if (!buf) {
+		safe_close(fd);
+		return -ENOMEM;
+	}
+	while ((n = read(fd, buf, 1 << 20)) > 0)
+		for (ssize_t i = 0; i < n; i++)
+			h = (h ^ buf[i]) * 0x100000001b3ull;
+	int e = n < 0 ? -errno : 0;
+	safe_close(fd);
+	snprintf(out, 17, "%016llx", (unsigned long long)h);
+	return e;
+}
+
+static int manager_load_model(Manager *m)
+{
+	const Config *cfg = m->config;
+	Error err = { 0 };
+	GgufStr name;
+	int r;
+
+	(void)sd_notifyf(false, "STATUS=Loading model %s", cfg->model_path);
+	r = model_load(cfg->model_path, &m->model, &err);
+	if (r != 0) {
+		log_error("cannot load model %s: %s", cfg->model_path, err.msg[0] ? err.msg : strerror(-r));
+		if (r == -ENOENT)
+			log_error("run scripts/setup.sh to fetch the default model, or pass --model");
+		return r < 0 ? r : -EINVAL;
+	}
+	if ((r = tokenizer_new_from_gguf(m->model->gguf, &m->tokenizer, &err)) != 0) {
+		log_error("model %s: tokenizer: %s", cfg->model_path, err.msg[0] ? err.msg : strerror(-r));
+		return r < 0 ? r : -EINVAL;
+	}
+	if (chat_template_from_gguf(m->model->gguf, &m->chat_template, &err) != 0) {
+		log_warning("model %s: %s; chat messages will be concatenated without a template",
+			    cfg->model_path, err.msg);
+		m->chat_template = CHAT_TEMPLATE_RAW;
+	}
+	m->default_system = chat_default_system_from_gguf(m->model->gguf);
+
+	if (gguf_get_str(m->model->gguf, "general.name", &name) == 0 && name.len > 0)
+		snprintf(m->model_name, sizeof(m->model_name), "%.*s", (int)MIN(name.len, 255), name.ptr);
+	else {
+		const char *base = strrchr(cfg->model_path, '/');
+		snprintf(m->model_name, sizeof(m->model_name), "%s", base ? base + 1 : cfg->model_path);
+	}
+	if ((r = model_fingerprint(cfg->model_path, m->fingerprint)) < 0)
+		return log_error_errno(r, "cannot read %s: %m", cfg->model_path);
+
+	/* bytes / max_piece_bytes is a lower bound on a text's token count. */
+	m->max_piece_bytes = 1;
+	for (int32_t id = 0; id < tokenizer_n_vocab(m->tokenizer); id++) {
+		size_t len;
+		tokenizer_piece(m->tokenizer, id, &len);
+		m->max_piece_bytes = MAX(m->max_piece_bytes, len);
+	}
+
+	m->n_ctx = cfg->ctx ? cfg->ctx : MIN(m->model->cfg.n_ctx_train, 8192);
+	if (m->n_ctx > m->model->cfg.n_ctx_train)
+		log_warning("--ctx %lld is more than the %d tokens the model was trained for",
+			    (long long)m->n_ctx, m->model->cfg.n_ctx_train);
+	return 0;
+}
+
+/* The KV type: plain f32 uses the engine's f32 cache; everything else the compressed store. */
+static int manager_setup_kv(Manager *m)
+{
+	const ModelConfig *mc = &m->model->cfg;
+	_cleanup_(kvplan_freep) KvPlan *plan = NULL;
+	Error err = { 0 };
+	int r;
+
+	r = kvplan_from_text(m->config->kv_spec, mc->n_layers, mc->n_kv_heads, mc->head_dim, &plan, &err);
+	if (r != 0) {
+		log_error("--kv %s: %s", m->config->kv_spec, err.msg[0] ? err.msg : strerror(-r));
+		return r < 0 ? r : -EINVAL;
+	}
+	m->kv_bits_per_value = kvplan_bits_per_value(plan);
+	if (kvplan_is_uniform(plan) && plan->layers[0].k.format == KV_FORMAT_F32 &&
+	    plan->layers[0].v.format == KV_FORMAT_F32 && !plan->layers[0].k.hadamard &&
+	    !plan->layers[0].v.hadamard)
+		return 0;
+
+	/* Try the plan once now, so a spec the store cannot hold fails at startup, not per request. */
+	KvCacheShape shape = model_kv_shape(m->model, KVSTORE_BLOCK_TOKENS);
+	KvCache *probe = NULL;
+	r = kvcache_new_quant(&shape, plan, 0, &probe, &err);
+	if (r != 0) {
+		log_error("--kv %s: %s", m->config->kv_spec, err.msg[0] ? err.msg : strerror(r < 0 ? -r : EINVAL));
+		return r < 0 ? r : -EINVAL;
+	}
+	kvcache_free(probe);
+	m->kv_plan = TAKE_PTR(plan);
+	return 0;
+}
+
+int manager_startup(Manager *m)
+{
+	const Config *cfg = m->config;
+	int r;
+
+	if (cfg->device == CONFIG_DEVICE_CUDA)
+		return log_error_errno(-EOPNOTSUPP, "--device cuda: the CUDA backend is not built yet; use cpu or auto");
+	m->device_name = "cpu";
+	if ((r = manager_setup_events(m)) < 0 || (r = manager_load_model(m)) < 0 || (r = manager_setup_kv(m)) < 0)
+		return r;
+	if ((r = threadpool_new(cfg->threads, &m->threads)) < 0)
+		return log_error_errno(r, "cannot start %d threads: %m", cfg->threads);
+	if ((r = model_run_new(m->model, MANAGER_PREFILL_CHUNK, m->threads, &m->run)) != 0)
+		return log_error_errno(r < 0 ? r : -ENOMEM, "cannot allocate activations: %m");
+	if ((r = scheduler_new(m, &m->scheduler)) < 0)
+		return log_error_errno(r, "cannot set up the scheduler: %m");
+	if ((r = listener_new(m, cfg->socket_path, &m->listener)) < 0)
+		return r;
+
+	char desc[256];
+	model_describe(m->model, desc, sizeof(desc));
+	log_info("model %s (%s), kv %s, context %lld, %d threads on %s", m->model_name, desc, cfg->kv_spec,
+		 (long long)m->n_ctx, cfg->threads, m->device_name);
+	(void)sd_notifyf(false, "READY=1\nSTATUS=Serving %s (kv %s, context %lld)", m->model_name, cfg->kv_spec,
+			 (long long)m->n_ctx);
+	return 0;
+}
+
+int manager_run(Manager *m)
+{
+	int r = sd_event_loop(m->event);
+	if (r < 0)
+		return log_error_errno(r, "event loop failed: %m");
+	return 0;
+}
+
+void manager_shutdown(Manager *m)
+{
+	if (!m->stopping)
+		(void)sd_notify(false, "STOPPING=1");
+	(void)sd_notify(false, "STATUS=Stopped");
+	/* Sessions are flushed here once they exist (issue 7). */
+}

@@ -1,0 +1,86 @@
+/*
+ * manager.h: the daemon as a whole, and the story of its life.
+ *
+ *   manager_new()      settings in, nothing opened yet
+ *   manager_startup()  event loop, signals, model, tokenizer, KV plan,
+ *                      threads, listening socket; then READY=1
+ *   manager_run()      sd_event_loop() until SIGTERM/SIGINT
+ *   manager_shutdown() STOPPING=1; stop accepting; every request in flight
+ *                      ends with Done(CANCELLED) or Error(SHUTTING_DOWN);
+ *                      queued replies are flushed (briefly); connections close
+ *   manager_free()
+ *
+ * The manager owns what every part shares: the model, the tokenizer, the
+ * chat template, the thread pool, the one ModelRun (activation scratch:
+ * requests are evaluated one at a time on the event-loop thread, so they
+ * share it; each request owns its KvCache and Sampler), the list of
+ * connections and the scheduler.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "config.h"
+#include "engine/chat.h"
+#include "engine/kvtype.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/threadpool.h"
+
+typedef struct Connection Connection;
+typedef struct Listener Listener;
+typedef struct Scheduler Scheduler;
+
+/* Limits the daemon enforces on each client (sent in HelloReply). */
+#define MANAGER_MAX_REQUESTS_PER_CLIENT 8u
+#define MANAGER_MAX_ACTIVE_REQUESTS 16u   /* requests prefilling or decoding at once, all clients */
+#define MANAGER_MAX_CONNECTIONS 256u
+#define MANAGER_PREFILL_CHUNK 512         /* prompt tokens evaluated per scheduler step */
+
+typedef struct Manager {
+	const Config *config;   /* borrowed */
+	sd_event *event;
+	Listener *listener;
+	Scheduler *scheduler;
+
+	Model *model;
+	Tokenizer *tokenizer;
+	ChatTemplate chat_template;
+	char *default_system;   /* the template's default system prompt, or NULL */
+	KvPlan *kv_plan;        /* NULL for plain f32 (kvcache_new_f32) */
+	double kv_bits_per_value;
+	ThreadPool *threads;
+	ModelRun *run;          /* shared activation scratch, see above */
+	int64_t n_ctx;
+	size_t max_piece_bytes; /* longest token text: bytes / this bounds a text's tokens from below */
+	char model_name[256];
+	char fingerprint[17];   /* 64-bit hash of the model file, hex */
+	const char *device_name;
+
+	Connection *connections; /* doubly linked, newest first */
+	unsigned n_connections;
+	uint64_t next_connection_id;
+
+	uint64_t start_ns;
+	uint64_t tokens_generated;
+	bool stopping;
+} Manager;
+
+int manager_new(const Config *config, Manager **ret);
+Manager *manager_free(Manager *m);
+DEFINE_FREEP(Manager, manager_free)
+
+/* Everything up to READY=1. Returns 0 or a negative errno (logged). */
+int manager_startup(Manager *m);
+/* The event loop; returns when a signal asked us to stop. */
+int manager_run(Manager *m);
+/* Cancel and tell everyone, then let the replies drain. */
+void manager_shutdown(Manager *m);
+
+/* Free connections marked dead (called after each event that may have killed some). */
+void manager_gc(Manager *m);
+
+/* Milliseconds since start. */
+uint64_t manager_uptime_ms(const Manager *m);

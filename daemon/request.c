@@ -1,0 +1,518 @@
+/*
+ * request.c: one Generate: building its prompt, stepping it through
+ * prefill and decode, and reporting its end (see request.h).
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "connection.h"
+#include "engine/kvstore.h"
+#include "ipc/memfd.h"
+#include "request.h"
+
+/* A growable byte buffer for the text of attachments. */
+typedef struct Buf {
+	char *data;
+	size_t len, cap;
+} Buf;
+
+static int buf_append(Buf *b, const void *data, size_t len)
+{
+	size_t need;
+	if (size_add_overflows(b->len, len, &need) || size_add_overflows(need, 1, &need))
+		return -ENOMEM;
+	if (need > b->cap) {
+		size_t cap = MAX(need, b->cap * 2);
+		char *p = realloc(b->data, cap);
+		if (!p)
+			return -ENOMEM;
+		b->data = p;
+		b->cap = cap;
+	}
+	memcpy(b->data + b->len, data, len);
+	b->len += len;
+	b->data[b->len] = 0;
+	return 0;
+}
+
+static void buf_done(Buf *b)
+{
+	free(b->data);
+	*b = (Buf){ 0 };
+}
+
+static int attachment_error_code(int r)
+{
+	switch (r) {
+	case MEMFD_E_NOT_MEMFD: return PROTOCOL_E_ATTACHMENT_NOT_MEMFD;
+	case MEMFD_E_NOT_SEALED: return PROTOCOL_E_ATTACHMENT_NOT_SEALED;
+	case MEMFD_E_TOO_LARGE: return PROTOCOL_E_ATTACHMENT_TOO_LARGE;
+	case MEMFD_E_NOT_UTF8: return PROTOCOL_E_ATTACHMENT_NOT_UTF8;
+	default: return PROTOCOL_E_INTERNAL;
+	}
+}
+
+/*
+ * The text of every attachment, framed as request.h documents, into b.
+ * A text that certainly has more tokens than the context is refused here,
+ * before it is copied or tokenized.
+ */
+static int attachments_read(Manager *m, const Turbokv__V1__Generate *g, const int *fds, Buf *b,
+			    Error *err)
+{
+	uint64_t total = 0;
+	for (size_t i = 0; i < g->n_attachments; i++) {
+		const Turbokv__V1__Attachment *a = g->attachments[i];
+		MemfdMapping map = { 0 };
+		Error e = { 0 };
+		char head[PROTOCOL_MAX_NAME_BYTES + 32];
+		int r;
+
+		r = memfd_map_text(fds[a->fd_index], PROTOCOL_MAX_ATTACHMENT_BYTES, &map, &e);
+		if (r != 0)
+			return error_set(err, attachment_error_code(r), "attachments[%zu]: %s", i,
+					 e.msg[0] ? e.msg : strerror(r < 0 ? -r : EINVAL));
+		if (map.size != a->size) {
+			memfd_mapping_release(&map);
+			return error_set(err, PROTOCOL_E_ATTACHMENT_SIZE_MISMATCH,
+					 "attachments[%zu]: size says %llu bytes, the memfd holds %zu", i,
+					 (unsigned long long)a->size, map.size);
+		}
+		total += map.size;
+		if (total / m->max_piece_bytes > (uint64_t)m->n_ctx) {
+			memfd_mapping_release(&map);
+			return error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW,
+					 "attachments of %llu bytes cannot fit a context of %lld tokens",
+					 (unsigned long long)total, (long long)m->n_ctx);
+		}
+		snprintf(head, sizeof(head), "<attachment name=\"%s\">\n", a->name ? a->name : "");
+		r = buf_append(b, head, strlen(head));
+		if (r == 0)
+			r = buf_append(b, map.data, map.size);
+		if (r == 0)
+			r = buf_append(b, "\n</attachment>\n\n", 16);
+		memfd_mapping_release(&map);
+		if (r < 0)
+			return error_set(err, r, "out of memory");
+	}
+	return 0;
+}
+
+static const char *role_name(Turbokv__V1__Role role)
+{
+	switch (role) {
+	case TURBOKV__V1__ROLE__ROLE_SYSTEM: return "system";
+	case TURBOKV__V1__ROLE__ROLE_ASSISTANT: return "assistant";
+	default: return "user";
+	}
+}
+
+static void strv_free(char **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+/* Render the chat (attachments before the last user message) into *ret (malloc'd). */
+static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att, char **ret, Error *err)
+{
+	size_t n = chat->n_messages, last_user = SIZE_MAX;
+	for (size_t i = 0; i < n; i++)
+		if (chat->messages[i]->role == TURBOKV__V1__ROLE__ROLE_USER)
+			last_user = i;
+	bool extra = att->len > 0 && last_user == SIZE_MAX;
+	ChatMessage *msgs = calloc_array(n + 1, sizeof(*msgs));
+	char **texts = calloc_array(n + 1, sizeof(char *));
+	int r = 0;
+
+	if (!msgs || !texts) {
+		free(msgs);
+		free(texts);
+		return error_set(err, -ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < n && r == 0; i++) {
+		const ProtobufCBinaryData *c = &chat->messages[i]->content;
+		size_t pre = i == last_user ? att->len : 0, len;
+		if (size_add_overflows(c->len, pre + 1, &len) || !(texts[i] = malloc(len))) {
+			r = -ENOMEM;
+			break;
+		}
+		if (pre)
+			memcpy(texts[i], att->data, pre);
+		if (c->len)
+			memcpy(texts[i] + pre, c->data, c->len);
+		texts[i][pre + c->len] = 0;
+		msgs[i] = (ChatMessage){ .role = role_name(chat->messages[i]->role), .content = texts[i] };
+	}
+	if (r == 0 && extra)
+		msgs[n++] = (ChatMessage){ .role = "user", .content = att->data };
+	if (r == 0) {
+		r = chat_render(m->chat_template, msgs, n, m->default_system, ret, err);
+		if (r > 0)
+			r = error_set(err, PROTOCOL_E_BAD_MESSAGE, "chat: %s", err->msg);
+	} else
+		error_set(err, r, "out of memory");
+	strv_free(texts, chat->n_messages + 1);
+	free(msgs);
+	return r;
+}
+
+/* Tokenize the request's input (and attachments) into r->tokens, BOS first if wanted. */
+static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate *g, const int *fds,
+			    Error *err)
+{
+	Buf att = { 0 };
+	_cleanup_(freep) char *text = NULL;
+	size_t len;
+	bool special;
+	int k;
+
+	if ((k = attachments_read(m, g, fds, &att, err)) != 0)
+		goto out;
+	if (g->input_case == TURBOKV__V1__GENERATE__INPUT_CHAT) {
+		if ((k = chat_build(m, g->chat, &att, &text, err)) != 0)
+			goto out;
+		len = strlen(text);
+		special = true;
+	} else {
+		Buf raw = att;
+		att = (Buf){ 0 };
+		if ((k = buf_append(&raw, g->raw_prompt.data ? g->raw_prompt.data : (const uint8_t *)"",
+				    g->raw_prompt.len)) < 0) {
+			buf_done(&raw);
+			error_set(err, k, "out of memory");
+			goto out;
+		}
+		text = raw.data;
+		len = raw.len;
+		special = false;
+	}
+	if (len / m->max_piece_bytes > (size_t)m->n_ctx) {
+		k = error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW, "a prompt of %zu bytes cannot fit a context of %lld tokens",
+			      len, (long long)m->n_ctx);
+		goto out;
+	}
+
+	int32_t *ids;
+	size_t n;
+	if ((k = tokenizer_encode(m->tokenizer, text ? text : "", len, special, &ids, &n)) != 0) {
+		error_set(err, k < 0 ? k : -ENOMEM, "out of memory while tokenizing");
+		k = k < 0 ? k : -ENOMEM;
+		goto out;
+	}
+	bool bos = tokenizer_add_bos(m->tokenizer) && tokenizer_bos(m->tokenizer) >= 0;
+	r->cap = n + bos + 64;
+	r->tokens = malloc_array(r->cap, sizeof(int32_t));
+	if (!r->tokens) {
+		free(ids);
+		k = error_set(err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	if (bos)
+		r->tokens[0] = tokenizer_bos(m->tokenizer);
+	memcpy(r->tokens + bos, ids, n * sizeof(int32_t));
+	free(ids);
+	r->n_prompt = r->n_tokens = n + bos;
+	k = 0;
+out:
+	buf_done(&att);
+	return k;
+}
+
+/* Refuse a prompt that does not fit, never truncate it. */
+static int request_check_context(Request *r, Manager *m, const Turbokv__V1__Generate *g, Error *err)
+{
+	int64_t room = m->n_ctx - (int64_t)r->n_prompt;
+	if (r->n_prompt == 0)
+		return error_set(err, PROTOCOL_E_BAD_MESSAGE, "the prompt is empty");
+	if (room >= 1 && (g->context_policy != TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_ERROR ||
+			  g->max_tokens == 0 || (int64_t)g->max_tokens <= room))
+		return 0;
+	if (g->context_policy == TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST)
+		return error_set(err, PROTOCOL_E_BAD_MESSAGE,
+				 "the prompt (%zu tokens) does not fit the context of %lld tokens, and "
+				 "CONTEXT_POLICY_TRUNCATE_OLDEST is not implemented yet",
+				 r->n_prompt, (long long)m->n_ctx);
+	if (room < 1)
+		return error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW,
+				 "the prompt has %zu tokens; the context holds %lld (and one more is needed to answer)",
+				 r->n_prompt, (long long)m->n_ctx);
+	return error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW,
+			 "the prompt (%zu tokens) plus max_tokens (%u) exceed the context of %lld tokens",
+			 r->n_prompt, g->max_tokens, (long long)m->n_ctx);
+}
+
+static int request_sampling(Request *r, const Turbokv__V1__Sampling *s)
+{
+	SamplerParams p = sampler_params_default();
+	bool seeded = false;
+
+	if (s) {
+		if (s->opt_temperature_case == TURBOKV__V1__SAMPLING__OPT_TEMPERATURE_TEMPERATURE)
+			p.temperature = s->temperature;
+		if (s->opt_top_k_case == TURBOKV__V1__SAMPLING__OPT_TOP_K_TOP_K)
+			p.top_k = (int)s->top_k;
+		if (s->opt_top_p_case == TURBOKV__V1__SAMPLING__OPT_TOP_P_TOP_P)
+			p.top_p = s->top_p;
+		if (s->opt_min_p_case == TURBOKV__V1__SAMPLING__OPT_MIN_P_MIN_P)
+			p.min_p = s->min_p;
+		if (s->opt_repeat_penalty_case == TURBOKV__V1__SAMPLING__OPT_REPEAT_PENALTY_REPEAT_PENALTY)
+			p.repeat_penalty = s->repeat_penalty;
+		if (s->opt_repeat_last_n_case == TURBOKV__V1__SAMPLING__OPT_REPEAT_LAST_N_REPEAT_LAST_N)
+			p.repeat_last_n = (int)s->repeat_last_n;
+		if (s->opt_seed_case == TURBOKV__V1__SAMPLING__OPT_SEED_SEED) {
+			p.seed = s->seed;
+			seeded = true;
+		}
+		if (s->greedy)
+			p.temperature = 0.0f;
+	}
+	if (!seeded && getrandom(&p.seed, sizeof(p.seed), GRND_NONBLOCK) != sizeof(p.seed))
+		p.seed = now_ns();
+	r->sampling = p;
+	return 0;
+}
+
+static int request_copy_stops(Request *r, const Turbokv__V1__Generate *g)
+{
+	if (g->n_stop == 0)
+		return 0;
+	r->stops = calloc_array(g->n_stop, sizeof(uint8_t *));
+	r->stop_lens = calloc_array(g->n_stop, sizeof(size_t));
+	if (!r->stops || !r->stop_lens)
+		return -ENOMEM;
+	for (size_t i = 0; i < g->n_stop; i++) {
+		if (!(r->stops[i] = malloc(g->stop[i].len ? g->stop[i].len : 1)))
+			return -ENOMEM;
+		memcpy(r->stops[i], g->stop[i].data, g->stop[i].len);
+		r->stop_lens[i] = g->stop[i].len;
+		r->n_stops++;
+	}
+	return 0;
+}
+
+int request_new_consume_fds(Manager *m, Connection *c, const Turbokv__V1__Generate *g, int *fds,
+			    size_t n_fds, Request **ret, Error *err)
+{
+	Request *r = calloc(1, sizeof(*r));
+	int k;
+
+	if (!r) {
+		k = error_set(err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	r->conn = c;
+	r->id = g->request_id;
+	r->state = REQUEST_QUEUED;
+	r->max_tokens = g->max_tokens;
+	r->t_received = now_ns();
+	if (g->session && g->session[0]) {
+		k = error_set(err, PROTOCOL_E_SESSION_NOT_FOUND,
+			      "session '%s': sessions are not implemented yet", g->session);
+		goto out;
+	}
+	if ((k = request_tokenize(r, m, g, fds, err)) != 0 || (k = request_check_context(r, m, g, err)) != 0)
+		goto out;
+	if ((k = request_sampling(r, g->sampling)) < 0 || (k = request_copy_stops(r, g)) < 0) {
+		error_set(err, k, "out of memory");
+		goto out;
+	}
+	text_stream_init(&r->stream, r->stops, r->stop_lens, r->n_stops);
+	*ret = TAKE_PTR(r);
+	k = 0;
+out:
+	for (size_t i = 0; i < n_fds; i++)
+		safe_close(fds[i]);
+	request_free(r);
+	return k;
+}
+
+Request *request_free(Request *r)
+{
+	if (!r)
+		return NULL;
+	for (size_t i = 0; i < r->n_stops; i++)
+		free(r->stops[i]);
+	free(r->stops);
+	free(r->stop_lens);
+	text_stream_done(&r->stream);
+	kvcache_free(r->kv);
+	sampler_free(r->sampler);
+	free(r->logits);
+	free(r->tokens);
+	free(r);
+	return NULL;
+}
+
+int request_activate(Request *r, Manager *m)
+{
+	/* Room for the prompt and the answer: a request with max_tokens needs no more than that. */
+	int64_t cap = r->max_tokens ? MIN(m->n_ctx, (int64_t)r->n_prompt + r->max_tokens) : m->n_ctx;
+	KvCacheShape shape = model_kv_shape(m->model, cap);
+	int k;
+
+	assert(r->state == REQUEST_QUEUED);
+	if (m->kv_plan)
+		k = kvcache_new_quant(&shape, m->kv_plan, r->sampling.seed, &r->kv, NULL);
+	else
+		k = kvcache_new_f32(&shape, &r->kv);
+	if (k != 0)
+		return k;
+	if ((k = sampler_new(&r->sampling, m->model->cfg.n_vocab, &r->sampler)) != 0)
+		return k;
+	if (!(r->logits = malloc_array((size_t)m->model->cfg.n_vocab, sizeof(float))))
+		return -ENOMEM;
+	r->state = REQUEST_PREFILL;
+	return 0;
+}
+
+static void request_send_token(Request *r, const char *text, size_t len, int32_t id)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__Token t = TURBOKV__V1__TOKEN__INIT;
+	t.request_id = r->id;
+	t.text = (ProtobufCBinaryData){ .len = len, .data = (uint8_t *)text };
+	t.token_id = (uint32_t)id;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_TOKEN;
+	msg.token = &t;
+	if (!r->t_first_token)
+		r->t_first_token = now_ns();
+	connection_send(r->conn, &msg);
+}
+
+static void request_send_done(Request *r, Turbokv__V1__FinishReason reason)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__Done d = TURBOKV__V1__DONE__INIT;
+	d.request_id = r->id;
+	d.finish_reason = reason;
+	d.prompt_tokens = (uint32_t)r->n_prompt;
+	d.cached_tokens = 0;
+	d.completion_tokens = r->n_generated;
+	d.prefill_ms = r->prefill_ns / 1e6;
+	d.decode_ms = r->decode_ns / 1e6;
+	d.ttft_ms = r->t_first_token ? (r->t_first_token - r->t_received) / 1e6 : 0.0;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_DONE;
+	msg.done = &d;
+	connection_send(r->conn, &msg);
+}
+
+/* Send what the stream still holds, then Done. Returns 1 (finished). */
+static int request_finish(Request *r, Turbokv__V1__FinishReason reason)
+{
+	_cleanup_(freep) char *delta = NULL;
+	size_t len = 0;
+	if (reason != TURBOKV__V1__FINISH_REASON__FINISH_REASON_STOP_STRING &&
+	    text_stream_flush(&r->stream, &delta, &len) == 0 && len > 0)
+		request_send_token(r, delta, len, r->n_tokens > r->n_prompt ? r->tokens[r->n_tokens - 1] : 0);
+	request_send_done(r, reason);
+	return 1;
+}
+
+static int request_fail(Request *r, int k)
+{
+	if (k == MODEL_E_CONTEXT)
+		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
+	connection_send_error(r->conn, r->id, PROTOCOL_E_INTERNAL, "evaluation failed: %s",
+			      k < 0 ? strerror(-k) : "engine error");
+	return 1;
+}
+
+static int request_prefill(Request *r, Manager *m)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__Progress p = TURBOKV__V1__PROGRESS__INIT;
+	size_t n = MIN((size_t)MANAGER_PREFILL_CHUNK, r->n_prompt - r->n_prefilled);
+	uint64_t t0 = now_ns();
+	int k = model_eval(m->model, m->run, r->kv, r->tokens + r->n_prefilled, (int64_t)n, r->logits, NULL);
+	r->prefill_ns += now_ns() - t0;
+	if (k != 0)
+		return request_fail(r, k);
+	r->n_prefilled += n;
+	p.request_id = r->id;
+	p.prefilled_tokens = (uint32_t)r->n_prefilled;
+	p.total_tokens = (uint32_t)r->n_prompt;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_PROGRESS;
+	msg.progress = &p;
+	connection_send(r->conn, &msg);
+	if (r->n_prefilled == r->n_prompt)
+		r->state = REQUEST_DECODE;
+	return 0;
+}
+
+/*
+ * One token: evaluate the previous one (its logits are needed), sample,
+ * stream. The first token is sampled from the prefill's logits in the
+ * prefill's own step, so time-to-first-token is one prefill and no more.
+ */
+static int request_decode(Request *r, Manager *m)
+{
+	uint64_t t0 = now_ns();
+	int k;
+
+	if (r->n_tokens > r->n_prompt) {
+		if (kvcache_n_tokens(r->kv) >= r->kv->shape.capacity)
+			return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
+		k = model_eval(m->model, m->run, r->kv, &r->tokens[r->n_tokens - 1], 1, r->logits, NULL);
+		if (k != 0)
+			return request_fail(r, k);
+	}
+	int32_t next = sampler_sample(r->sampler, r->logits, r->tokens, r->n_tokens);
+	r->decode_ns += now_ns() - t0;
+	if (tokenizer_is_eog(m->tokenizer, next))
+		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_STOP);
+
+	if (r->n_tokens == r->cap) {
+		size_t cap = r->cap * 2;
+		int32_t *p = cap > (size_t)m->n_ctx * 2 + 64 ? NULL : realloc(r->tokens, cap * sizeof(int32_t));
+		if (!p)
+			return request_fail(r, -ENOMEM);
+		r->tokens = p;
+		r->cap = cap;
+	}
+	r->tokens[r->n_tokens++] = next;
+	r->n_generated++;
+	m->tokens_generated++;
+
+	size_t plen, len;
+	const char *piece = tokenizer_piece(m->tokenizer, next, &plen);
+	_cleanup_(freep) char *delta = NULL;
+	k = text_stream_push(&r->stream, piece, plen, &delta, &len);
+	if (k < 0)
+		return request_fail(r, k);
+	request_send_token(r, delta, len, next);
+	if (k == 1)
+		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_STOP_STRING);
+	if (r->max_tokens && r->n_generated >= r->max_tokens)
+		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_LENGTH);
+	return 0;
+}
+
+int request_step(Request *r, Manager *m)
+{
+	int k;
+	switch (r->state) {
+	case REQUEST_PREFILL:
+		if ((k = request_prefill(r, m)) != 0 || r->state != REQUEST_DECODE)
+			return k;
+		return request_decode(r, m);
+	case REQUEST_DECODE:
+		return request_decode(r, m);
+	default:
+		return 0;
+	}
+}
+
+void request_cancel(Request *r, bool shutting_down)
+{
+	if (r->state == REQUEST_QUEUED)
+		connection_send_error(r->conn, r->id, shutting_down ? PROTOCOL_E_SHUTTING_DOWN : PROTOCOL_E_CANCELLED,
+				      shutting_down ? "the daemon is stopping" : "cancelled before it started");
+	else
+		request_send_done(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
+}
