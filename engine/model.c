@@ -445,7 +445,12 @@ static int layer_forward(const Model *m, ModelRun *r, KvCache *kv, int il, int64
 		rope_rotate(&m->rope, r->k + i * kvdim, c->n_kv_heads, c->head_dim, r->cs + i * half,
 			    r->sn + i * half);
 	}
-	if ((e = kvcache_append(kv, il, pos0, n, r->k, r->v)))
+	e = kvcache_append(kv, il, pos0, n, r->k, r->v);
+	if (e == KVCACHE_E_FULL)
+		return MODEL_E_CONTEXT;
+	if (e > 0) /* KVCACHE_E_POSITION: model_eval always appends at the end */
+		return -EINVAL;
+	if (e < 0)
 		return e;
 	kvcache_attend(kv, r->tp, il, pos0, n, r->q, r->att);
 	if ((e = matmul(r->tp, &w->wo, r->att, r->xb, n)))

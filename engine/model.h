@@ -100,7 +100,8 @@ DEFINE_FREEP(ModelRun, model_run_free)
  * and V to kv (any length: split into batches internally). Writes logits
  * (n_vocab,) of the last token to ret_logits if non-NULL, and of every
  * token to all_logits (n, n_vocab) if non-NULL. Returns 0, -ENOMEM,
- * MODEL_E_CONTEXT if the cache would overflow, or a KVCACHE_E_* code.
+ * MODEL_E_CONTEXT if the cache would overflow or MODEL_E_TOKEN for an id
+ * outside the vocabulary (KV cache codes are translated, never passed up).
  */
 int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, int64_t n,
 	       float *ret_logits, float *all_logits);

@@ -177,7 +177,7 @@ def case_concurrent(args, tmp):
     """Many clients at once, two different prompts: every one gets exactly the lab's answer."""
     d = Daemon(args, tmp)
     d.wait_ready()
-    n = int(os.environ.get("TKV_CLIENTS", "8"))
+    n = int(os.environ.get("TKV_CLIENTS", "20"))
     for p in PROMPTS:
         golden(args, p)
     conns = []
