@@ -1,7 +1,9 @@
 #!/bin/sh
 # Set up, then run every test: the release build (unit, golden against
-# llama.cpp's outputs), then the same suite under AddressSanitizer and
-# UBSan in ./build-asan. Exits non-zero if any test fails.
+# llama.cpp's outputs, integration with the real daemon, unit files), then
+# the same suite under AddressSanitizer and UBSan in ./build-asan, then
+# every libFuzzer target for a bounded time (scripts/fuzz.sh, 20 s each).
+# Exits non-zero if any test fails.
 set -eu
 
 cd "$(dirname "$0")/.."
@@ -18,3 +20,5 @@ fi
 ninja -C build-asan >/dev/null || ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	meson test -C build-asan --print-errorlogs
+
+scripts/fuzz.sh 20
