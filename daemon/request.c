@@ -118,8 +118,13 @@ static void strv_free(char **v, size_t n)
 	free(v);
 }
 
-/* Render the chat (attachments before the last user message) into *ret (malloc'd). */
-static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att, char **ret, Error *err)
+/*
+ * Render the chat (attachments before the last user message) into *ret
+ * (malloc'd), with *ret_is_content marking the bytes that came from
+ * messages and attachments: those are never parsed as special tokens.
+ */
+static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att, char **ret,
+		      uint8_t **ret_is_content, Error *err)
 {
 	size_t n = chat->n_messages, last_user = SIZE_MAX;
 	for (size_t i = 0; i < n; i++)
@@ -152,7 +157,8 @@ static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att,
 	if (r == 0 && extra)
 		msgs[n++] = (ChatMessage){ .role = "user", .content = att->data };
 	if (r == 0) {
-		r = chat_render(m->chat_template, msgs, n, m->default_system, ret, err);
+		r = chat_render_marked(m->chat_template, msgs, n, m->default_system, ret, ret_is_content,
+				       err);
 		if (r > 0)
 			r = error_set(err, PROTOCOL_E_BAD_MESSAGE, "chat: %s", err->msg);
 	} else
@@ -168,17 +174,16 @@ static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate 
 {
 	Buf att = { 0 };
 	_cleanup_(freep) char *text = NULL;
+	_cleanup_(freep) uint8_t *is_content = NULL;
 	size_t len;
-	bool special;
 	int k;
 
 	if ((k = attachments_read(m, g, fds, &att, err)) != 0)
 		goto out;
 	if (g->input_case == TURBOKV__V1__GENERATE__INPUT_CHAT) {
-		if ((k = chat_build(m, g->chat, &att, &text, err)) != 0)
+		if ((k = chat_build(m, g->chat, &att, &text, &is_content, err)) != 0)
 			goto out;
 		len = strlen(text);
-		special = true;
 	} else {
 		Buf raw = att;
 		att = (Buf){ 0 };
@@ -190,7 +195,6 @@ static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate 
 		}
 		text = raw.data;
 		len = raw.len;
-		special = false;
 	}
 	if (len / m->max_piece_bytes > (size_t)m->n_ctx) {
 		k = error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW, "a prompt of %zu bytes cannot fit a context of %lld tokens",
@@ -200,7 +204,12 @@ static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate 
 
 	int32_t *ids;
 	size_t n;
-	if ((k = tokenizer_encode(m->tokenizer, text ? text : "", len, special, &ids, &n)) != 0) {
+	/* chat: special tokens only in the template's markup; raw prompts: none */
+	if (is_content)
+		k = tokenizer_encode_marked(m->tokenizer, text, len, is_content, &ids, &n);
+	else
+		k = tokenizer_encode(m->tokenizer, text ? text : "", len, false, &ids, &n);
+	if (k != 0) {
 		error_set(err, k < 0 ? k : -ENOMEM, "out of memory while tokenizing");
 		k = k < 0 ? k : -ENOMEM;
 		goto out;

@@ -10,16 +10,24 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "chat.h"
 #include "unicode.h"
 
-/* A growing NUL-terminated string. */
+/*
+ * A growing NUL-terminated string. With track set it also keeps mask:
+ * mask[i] is 1 where byte i came from a message's content, 0 where the
+ * template wrote it.
+ */
 typedef struct Buf {
 	char *p;
+	uint8_t *mask;
 	size_t n, cap;
+	bool track;
+	bool in_content; /* bytes added now are content */
 } Buf;
 
 static int buf_add(Buf *b, const char *s, size_t n)
@@ -34,9 +42,17 @@ static int buf_add(Buf *b, const char *s, size_t n)
 		if (!p)
 			return -ENOMEM;
 		b->p = p;
+		if (b->track) {
+			uint8_t *m = realloc(b->mask, cap);
+			if (!m)
+				return -ENOMEM;
+			b->mask = m;
+		}
 		b->cap = cap;
 	}
 	memcpy(b->p + b->n, s, n);
+	if (b->track)
+		memset(b->mask + b->n, b->in_content, n);
 	b->n += n;
 	b->p[b->n] = 0;
 	return 0;
@@ -50,6 +66,16 @@ static int buf_puts(Buf *b, const char *s)
 static void buf_done(Buf *b)
 {
 	free(b->p);
+	free(b->mask);
+}
+
+/* Add a message's content (marked as such). */
+static int buf_content(Buf *b, const char *s)
+{
+	b->in_content = true;
+	int r = buf_puts(b, s);
+	b->in_content = false;
+	return r;
 }
 
 /* Python's str.strip() (Jinja's trim filter): the span without surrounding whitespace. */
@@ -78,12 +104,16 @@ static void py_strip(const char *s, size_t *ret_off, size_t *ret_len)
 	*ret_len = e - b;
 }
 
-static int buf_add_stripped(Buf *b, const char *s)
+/* Add a message's content, stripped (marked as content). */
+static int buf_content_stripped(Buf *b, const char *s)
 {
 	size_t off, len;
 
 	py_strip(s, &off, &len);
-	return buf_add(b, s + off, len);
+	b->in_content = true;
+	int r = buf_add(b, s + off, len);
+	b->in_content = false;
+	return r;
 }
 
 int chat_template_detect(const char *jinja, size_t len, ChatTemplate *ret)
@@ -166,7 +196,7 @@ static int render_chatml(Buf *b, const ChatMessage *msgs, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (buf_puts(b, "<|im_start|>") < 0 || buf_puts(b, msgs[i].role) < 0 ||
-		    buf_puts(b, "\n") < 0 || buf_puts(b, content_of(&msgs[i])) < 0 ||
+		    buf_puts(b, "\n") < 0 || buf_content(b, content_of(&msgs[i])) < 0 ||
 		    buf_puts(b, "<|im_end|>\n") < 0)
 			return -ENOMEM;
 	return buf_puts(b, "<|im_start|>assistant\n");
@@ -178,7 +208,7 @@ static int render_llama3(Buf *b, const ChatMessage *msgs, size_t n)
 	for (size_t i = 0; i < n; i++)
 		if (buf_puts(b, "<|start_header_id|>") < 0 || buf_puts(b, msgs[i].role) < 0 ||
 		    buf_puts(b, "<|end_header_id|>\n\n") < 0 ||
-		    buf_add_stripped(b, content_of(&msgs[i])) < 0 || buf_puts(b, "<|eot_id|>") < 0)
+		    buf_content_stripped(b, content_of(&msgs[i])) < 0 || buf_puts(b, "<|eot_id|>") < 0)
 			return -ENOMEM;
 	return buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
@@ -203,15 +233,15 @@ static int render_mistral(Buf *b, const ChatMessage *msgs, const Role *roles, si
 		case ROLE_USER:
 			r = buf_puts(b, "[INST] ");
 			if (!r && pending) {
-				r = buf_puts(b, pending);
+				r = buf_content(b, pending);
 				r = r ? r : buf_puts(b, "\n\n");
 				pending = NULL;
 			}
-			r = r ? r : buf_puts(b, c);
+			r = r ? r : buf_content(b, c);
 			r = r ? r : buf_puts(b, " [/INST]");
 			break;
 		case ROLE_ASSISTANT:
-			r = buf_puts(b, c);
+			r = buf_content(b, c);
 			r = r ? r : buf_puts(b, "</s>");
 			break;
 		}
@@ -252,11 +282,11 @@ static int render_llama2(Buf *b, const ChatMessage *msgs, const Role *roles, siz
 		if (roles[i] == ROLE_USER) {
 			r = i > first ? buf_puts(b, "<s>") : 0;
 			r = r ? r : buf_puts(b, "[INST] ");
-			r = r ? r : buf_add_stripped(b, content.p);
+			r = r ? r : buf_content_stripped(b, content.p);
 			r = r ? r : buf_puts(b, " [/INST]");
 		} else if (roles[i] == ROLE_ASSISTANT) {
 			r = buf_puts(b, " ");
-			r = r ? r : buf_add_stripped(b, content.p);
+			r = r ? r : buf_content_stripped(b, content.p);
 			r = r ? r : buf_puts(b, " </s>");
 		}
 		if (r < 0)
@@ -265,10 +295,10 @@ static int render_llama2(Buf *b, const ChatMessage *msgs, const Role *roles, siz
 	return 0;
 }
 
-int chat_render(ChatTemplate t, const ChatMessage *msgs, size_t n, const char *default_system,
-		char **ret_text, Error *err)
+static int render(ChatTemplate t, const ChatMessage *msgs, size_t n, const char *default_system,
+		  char **ret_text, uint8_t **ret_is_content, Error *err)
 {
-	_cleanup_(buf_done) Buf b = { 0 };
+	_cleanup_(buf_done) Buf b = { .track = ret_is_content != NULL };
 	_cleanup_(freep) ChatMessage *all = NULL;
 	_cleanup_(freep) Role *roles = NULL;
 	size_t n_all = n;
@@ -298,7 +328,7 @@ int chat_render(ChatTemplate t, const ChatMessage *msgs, size_t n, const char *d
 	switch (t) {
 	case CHAT_TEMPLATE_RAW:
 		for (size_t i = 0; i < n_all && !r; i++)
-			r = buf_puts(&b, content_of(&all[i]));
+			r = buf_content(&b, content_of(&all[i]));
 		break;
 	case CHAT_TEMPLATE_CHATML:
 		r = render_chatml(&b, all, n_all);
@@ -319,8 +349,23 @@ int chat_render(ChatTemplate t, const ChatMessage *msgs, size_t n, const char *d
 		return r;
 	if (!b.p && buf_add(&b, "", 0) < 0)
 		return -ENOMEM;
+	if (ret_is_content)
+		*ret_is_content = TAKE_PTR(b.mask);
 	*ret_text = TAKE_PTR(b.p);
 	return 0;
+}
+
+int chat_render(ChatTemplate t, const ChatMessage *msgs, size_t n, const char *default_system,
+		char **ret_text, Error *err)
+{
+	return render(t, msgs, n, default_system, ret_text, NULL, err);
+}
+
+int chat_render_marked(ChatTemplate t, const ChatMessage *msgs, size_t n, const char *default_system,
+		       char **ret_text, uint8_t **ret_is_content, Error *err)
+{
+	assert(ret_is_content);
+	return render(t, msgs, n, default_system, ret_text, ret_is_content, err);
 }
 
 /*

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gguf.h"
 
@@ -54,6 +55,16 @@ const char *chat_template_name(ChatTemplate t);
  */
 int chat_render(ChatTemplate t, const ChatMessage *msgs, size_t n, const char *default_system,
 		char **ret_text, Error *err);
+
+/*
+ * chat_render() that also says where each byte came from: *ret_is_content
+ * (strlen(*ret_text) bytes, malloc'd) is 1
+ * for bytes of message contents and 0 for the template's markup. Encode
+ * with tokenizer_encode_marked() so that text a user typed is never
+ * parsed as special tokens (no forged <|im_end|><|im_start|>system turns).
+ */
+int chat_render_marked(ChatTemplate t, const ChatMessage *msgs, size_t n, const char *default_system,
+		       char **ret_text, uint8_t **ret_is_content, Error *err);
 
 /* The default system prompt embedded in a ChatML template (SmolLM2's), or NULL. */
 char *chat_default_system_from_gguf(const Gguf *g);

@@ -542,8 +542,25 @@ static void fragvec_done(FragVec *f)
  * llama.cpp's tokenizer_st_partition: for each special token, longest
  * first, cut every remaining text fragment at its occurrences.
  */
+/*
+ * Whether special token sid may be matched at text[at, at + plen): with a
+ * content mask, control tokens only where no byte came from a message's
+ * content (user-defined tokens are plain vocabulary and always match).
+ */
+static bool special_allowed(const Tokenizer *t, int32_t sid, const uint8_t *is_content, size_t at,
+			    size_t plen)
+{
+	if (!is_content || t->type[sid] == TOKEN_TYPE_USER_DEFINED)
+		return true;
+	for (size_t i = at; i < at + plen; i++)
+		if (is_content[i])
+			return false;
+	return true;
+}
+
 static int partition_special(const Tokenizer *t, const char *text, size_t len,
-			     bool parse_special, FragVec *cur, FragVec *next)
+			     bool parse_special, const uint8_t *is_content, FragVec *cur,
+			     FragVec *next)
 {
 	cur->n = 0;
 	if (len > 0 && fragvec_push(cur, (Frag){ 0, len, -1 }) < 0)
@@ -571,13 +588,18 @@ static int partition_special(const Tokenizer *t, const char *text, size_t len,
 					return -ENOMEM;
 				continue;
 			}
-			while ((q = memmem(text + p, end - p, pat, plen))) {
+			size_t from = p;
+			while ((q = memmem(text + from, end - from, pat, plen))) {
 				size_t at = (size_t)(q - text);
+				if (!special_allowed(t, sid, is_content, at, plen)) {
+					from = at + 1;
+					continue;
+				}
 				if (at > p && fragvec_push(next, (Frag){ p, at - p, -1 }) < 0)
 					return -ENOMEM;
 				if (fragvec_push(next, (Frag){ at, plen, sid }) < 0)
 					return -ENOMEM;
-				p = at + plen;
+				p = from = at + plen;
 			}
 			if (p < end && fragvec_push(next, (Frag){ p, end - p, -1 }) < 0)
 				return -ENOMEM;
@@ -607,8 +629,8 @@ static void work_done(Work *w)
 	symbols_done(&w->sym);
 }
 
-int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool parse_special,
-		     int32_t **ret_ids, size_t *ret_n)
+static int encode(const Tokenizer *t, const char *text, size_t len, bool parse_special,
+		  const uint8_t *is_content, int32_t **ret_ids, size_t *ret_n)
 {
 	_cleanup_(fragvec_done) FragVec frags = { 0 };
 	_cleanup_(fragvec_done) FragVec spare = { 0 };
@@ -617,7 +639,7 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool pars
 	bool prev_special = true;
 
 	assert(t && (text || len == 0) && ret_ids && ret_n);
-	if (partition_special(t, text, len, parse_special, &frags, &spare) < 0)
+	if (partition_special(t, text, len, parse_special, is_content, &frags, &spare) < 0)
 		return -ENOMEM;
 
 	for (size_t i = 0; i < frags.n; i++) {
@@ -645,6 +667,19 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool pars
 	*ret_ids = out.v;
 	*ret_n = out.n;
 	return 0;
+}
+
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool parse_special,
+		     int32_t **ret_ids, size_t *ret_n)
+{
+	return encode(t, text, len, parse_special, NULL, ret_ids, ret_n);
+}
+
+int tokenizer_encode_marked(const Tokenizer *t, const char *text, size_t len,
+			    const uint8_t *is_content, int32_t **ret_ids, size_t *ret_n)
+{
+	assert(is_content || len == 0);
+	return encode(t, text, len, true, is_content, ret_ids, ret_n);
 }
 
 int tokenizer_split(const Tokenizer *t, const char *text, size_t len, size_t **ret_ends,

@@ -92,6 +92,15 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool pars
 		     int32_t **ret_ids, size_t *ret_n);
 
 /*
+ * Encode a rendered chat prompt: special tokens are parsed only in the
+ * template's markup, never in bytes whose is_content[i] is set (from
+ * chat_render_marked()), so a user cannot forge turns. Elsewhere the same
+ * as tokenizer_encode(..., parse_special = true, ...).
+ */
+int tokenizer_encode_marked(const Tokenizer *t, const char *text, size_t len,
+			    const uint8_t *is_content, int32_t **ret_ids, size_t *ret_n);
+
+/*
  * The raw bytes of token id (byte-level decoded; SentencePiece U+2581 as
  * a space, <0xNN> as that byte). Valid while t lives; NULL, len 0 for ids
  * out of range.

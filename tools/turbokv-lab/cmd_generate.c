@@ -167,6 +167,7 @@ static int build_prompt(const GenerateOptions *o, const Model *m, const Tokenize
 	_cleanup_(freep) char *file_text = NULL;
 	_cleanup_(freep) char *rendered = NULL;
 	_cleanup_(freep) char *default_system = NULL;
+	_cleanup_(freep) uint8_t *is_content = NULL;
 	const char *text = o->prompt;
 	size_t len = text ? strlen(text) : 0;
 	bool special = o->raw_special;
@@ -189,18 +190,20 @@ static int build_prompt(const GenerateOptions *o, const Model *m, const Tokenize
 			msgs[n++] = (ChatMessage){ .role = "system", .content = o->system };
 		msgs[n++] = (ChatMessage){ .role = "user", .content = text };
 		default_system = chat_default_system_from_gguf(m->gguf);
-		if (chat_render(tmpl, msgs, n, default_system, &rendered, &err) != 0) {
+		if (chat_render_marked(tmpl, msgs, n, default_system, &rendered, &is_content, &err) != 0) {
 			fprintf(stderr, "turbokv-lab: --chat: %s\n", err.msg[0] ? err.msg : "out of memory");
 			return -1;
 		}
 		text = rendered;
 		len = strlen(rendered);
-		special = true;
 	}
 
+	/* with --chat, special tokens are parsed in the template's markup only */
 	int32_t *ids;
 	size_t n;
-	if (tokenizer_encode(tok, text, len, special, &ids, &n) != 0) {
+	int k = is_content ? tokenizer_encode_marked(tok, text, len, is_content, &ids, &n)
+			   : tokenizer_encode(tok, text, len, special, &ids, &n);
+	if (k != 0) {
 		fprintf(stderr, "turbokv-lab: out of memory while tokenizing\n");
 		return -1;
 	}
@@ -242,7 +245,7 @@ int cmd_generate(int argc, char **argv)
 		return LAB_EXIT_FAILURE;
 
 	_cleanup_(freep) int32_t *prompt = NULL;
-	size_t n_prompt;
+	size_t n_prompt = 0;
 	if (build_prompt(&o, m, tok, &prompt, &n_prompt) < 0)
 		return LAB_EXIT_FAILURE;
 	if (n_prompt == 0) {
