@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/util.h"
 #include "turbokv/client.h"
 
 enum {
@@ -68,30 +69,9 @@ static void sigint_install(void)
 /* ------------------------------------------------------------------------ */
 /* Output helpers */
 
-static void json_string(FILE *f, const char *s, size_t n)
-{
-	fputc('"', f);
-	for (size_t i = 0; i < n; i++) {
-		unsigned char ch = (unsigned char)s[i];
-		switch (ch) {
-		case '"': fputs("\\\"", f); break;
-		case '\\': fputs("\\\\", f); break;
-		case '\n': fputs("\\n", f); break;
-		case '\r': fputs("\\r", f); break;
-		case '\t': fputs("\\t", f); break;
-		default:
-			if (ch < 0x20 || ch == 0x7f)
-				fprintf(f, "\\u%04x", ch);
-			else
-				fputc(ch, f);
-		}
-	}
-	fputc('"', f);
-}
-
 static void json_cstr(FILE *f, const char *s)
 {
-	json_string(f, s ? s : "", s ? strlen(s) : 0);
+	json_write_string(f, s ? s : "", s ? strlen(s) : 0);
 }
 
 static int exit_code_for(int code)
@@ -262,7 +242,7 @@ static int run_generate(TkvClient *c, const TkvRequest *req, Stream *s, TkvResul
 static void print_result_json(const Stream *s, const TkvResult *res)
 {
 	printf("{\"text\":");
-	json_string(stdout, s->text.data ? s->text.data : "", s->text.len);
+	json_write_string(stdout, s->text.data ? s->text.data : "", s->text.len);
 	printf(",\"finish_reason\":\"%s\",\"request_id\":%llu,\"prompt_tokens\":%u,\"cached_tokens\":%u,"
 	       "\"completion_tokens\":%u,\"dropped_tokens\":%u,\"prefill_ms\":%.3f,\"decode_ms\":%.3f,"
 	       "\"ttft_ms\":%.3f}\n",

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -104,6 +105,9 @@ static inline void *calloc_array(size_t n, size_t size)
 {
 	return calloc(n ? n : 1, size ? size : 1);
 }
+
+/* Write len bytes of s as a JSON string literal (quotes and escapes added). */
+void json_write_string(FILE *f, const char *s, size_t len);
 
 /* Monotonic clock in nanoseconds, for timings reported to users. */
 uint64_t now_ns(void);

@@ -141,27 +141,6 @@ int lab_kvcache_new(const Model *m, const char *spec, int64_t n_ctx, KvCache **r
 	return 0;
 }
 
-void json_write_string(FILE *f, const char *s, size_t len)
-{
-	fputc('"', f);
-	for (size_t i = 0; i < len; i++) {
-		unsigned char ch = (unsigned char)s[i];
-		switch (ch) {
-		case '"': fputs("\\\"", f); break;
-		case '\\': fputs("\\\\", f); break;
-		case '\n': fputs("\\n", f); break;
-		case '\r': fputs("\\r", f); break;
-		case '\t': fputs("\\t", f); break;
-		default:
-			if (ch < 0x20)
-				fprintf(f, "\\u%04x", ch);
-			else
-				fputc(ch, f);
-		}
-	}
-	fputc('"', f);
-}
-
 char *lab_read_file(const char *path, size_t *ret_len)
 {
 	FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");

@@ -72,8 +72,6 @@ int lab_kvcache_new(const Model *m, const char *spec, int64_t n_ctx, KvCache **r
 long lab_parse_long(const char *opt, const char *arg, long min, long max);
 double lab_parse_double(const char *opt, const char *arg, double min, double max);
 
-/* Write s (len bytes) as a JSON string literal, escaping as needed. */
-void json_write_string(FILE *f, const char *s, size_t len);
 
 /* Read a whole file (or stdin for "-"); NULL and message printed on error. */
 char *lab_read_file(const char *path, size_t *ret_len);
