@@ -22,3 +22,11 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
 	meson test -C build-asan --print-errorlogs
 
 scripts/fuzz.sh 20
+
+# One closing line for whoever reads the log: every test of both builds.
+summary() {
+	awk '/^Ok:/ { ok = $2 } /^Fail:/ { fail = $2 } /^Timeout:/ { fail += $2 }
+		END { printf "%d %d\n", ok, fail }' "$1/meson-logs/testlog.txt"
+}
+set -- $(summary build) $(summary build-asan)
+echo "$(($1 + $3)) passed, $(($2 + $4)) failed"
