@@ -11,7 +11,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/quant_act.h"
+#include "kernels/cpu/vec_f32.h"
 #include "rotation.h"
+#include "wtype.h"
 
 #define KVQUANT_MAX_DIM TQ_MAX_DIM
 
@@ -31,29 +34,16 @@ static int clamp_trunc(float v, float lo, float hi)
 
 /* ---- q8_0 ---- */
 
+/* ggml's q8_0 reference quantizer: the one activations use (kernels/cpu/quant_act.h). */
 void kvquant_quantize_q8_0(const float *x, int d, BlockQ8_0 *ret)
 {
 	assert(d % QK8_0 == 0);
-	for (int b = 0; b < d / QK8_0; b++) {
-		const float *xb = x + b * QK8_0;
-		float amax = 0.0f;
-		for (int j = 0; j < QK8_0; j++)
-			amax = fmaxf(amax, fabsf(xb[j]));
-		const float s = amax / 127.0f;
-		const float inv = s != 0.0f ? 1.0f / s : 0.0f;
-		ret[b].d = f32_to_half(s);
-		for (int j = 0; j < QK8_0; j++)
-			ret[b].qs[j] = (int8_t)clamp_trunc(roundf(xb[j] * inv), -127.0f, 127.0f);
-	}
+	quant_act_q8_0_ref(x, ret, d);
 }
 
 void kvquant_dequantize_q8_0(const BlockQ8_0 *blk, int d, float *ret)
 {
-	for (int b = 0; b < d / QK8_0; b++) {
-		const float s = half_to_f32(blk[b].d);
-		for (int j = 0; j < QK8_0; j++)
-			ret[b * QK8_0 + j] = s * (float)blk[b].qs[j];
-	}
+	wtype_dequantize_row(WTYPE_Q8_0, blk, ret, d);
 }
 
 float kvquant_score_q8_0(const float *q, const BlockQ8_0 *k, int d)
@@ -108,14 +98,7 @@ void kvquant_quantize_q4_0(const float *x, int d, BlockQ4_0 *ret)
 
 void kvquant_dequantize_q4_0(const BlockQ4_0 *blk, int d, float *ret)
 {
-	for (int b = 0; b < d / QK4_0; b++) {
-		const float s = half_to_f32(blk[b].d);
-		float *rb = ret + b * QK4_0;
-		for (int j = 0; j < QK4_0 / 2; j++) {
-			rb[j] = s * (float)((blk[b].qs[j] & 0x0f) - 8);
-			rb[j + QK4_0 / 2] = s * (float)((blk[b].qs[j] >> 4) - 8);
-		}
-	}
+	wtype_dequantize_row(WTYPE_Q4_0, blk, ret, d);
 }
 
 float kvquant_score_q4_0(const float *q, const BlockQ4_0 *k, int d)
@@ -155,8 +138,7 @@ void kvquant_quantize_f16(const float *x, int d, tkv_half *ret)
 
 void kvquant_dequantize_f16(const tkv_half *h, int d, float *ret)
 {
-	for (int i = 0; i < d; i++)
-		ret[i] = half_to_f32(h[i]);
+	wtype_dequantize_row(WTYPE_F16, h, ret, d);
 }
 
 float kvquant_score_f16(const float *q, const tkv_half *k, int d)
@@ -173,18 +155,15 @@ void kvquant_axpy_f16(float a, const tkv_half *v, int d, float *acc)
 		acc[i] += a * half_to_f32(v[i]);
 }
 
+/* f32 rows use the dispatched (AVX2 where available) vector primitives. */
 float kvquant_score_f32(const float *q, const float *k, int d)
 {
-	float acc = 0.0f;
-	for (int i = 0; i < d; i++)
-		acc += q[i] * k[i];
-	return acc;
+	return vec_f32_dot(d, q, k);
 }
 
 void kvquant_axpy_f32(float a, const float *v, int d, float *acc)
 {
-	for (int i = 0; i < d; i++)
-		acc[i] += a * v[i];
+	vec_f32_axpy(d, a, v, acc);
 }
 
 /* ---- +h ---- */

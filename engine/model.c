@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
@@ -294,6 +295,16 @@ int model_load_gguf(Gguf *g, Model **ret, Error *err)
 		return r;
 	*ret = TAKE_PTR(m);
 	return 0;
+}
+
+char *model_default_path(char *buf, size_t size)
+{
+	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	if (xdg && *xdg)
+		snprintf(buf, size, "%s/turbokv/models/" MODEL_DEFAULT_FILE, xdg);
+	else
+		snprintf(buf, size, "%s/.cache/turbokv/models/" MODEL_DEFAULT_FILE, home ? home : "/");
+	return buf;
 }
 
 int model_load(const char *path, Model **ret, Error *err)

@@ -76,6 +76,14 @@ typedef struct Model {
 	size_t n_owned;
 } Model;
 
+/*
+ * Where scripts/fetch-model.sh puts the default model (SmolLM2-135M-Instruct
+ * Q4_1): ${XDG_CACHE_HOME:-$HOME/.cache}/turbokv/models/<file>. Writes the
+ * path into buf (truncated to size) and returns buf.
+ */
+#define MODEL_DEFAULT_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+char *model_default_path(char *buf, size_t size);
+
 int model_load(const char *path, Model **ret, Error *err);
 /* Build from an opened GGUF (consumed: freed with the model, or on error). */
 int model_load_gguf(Gguf *g, Model **ret, Error *err);

@@ -8,6 +8,19 @@
 #include "cpu_features.h"
 #include "quant_act.h"
 
+/*
+ * roundf(v) as int8, as ggml casts it; saturating where ggml's cast is
+ * undefined (NaN, or |v| > 127 when a subnormal scale makes 1/d huge), so
+ * a stray value in a KV row cannot invoke UB.
+ */
+static int8_t q8_round(float v)
+{
+	if (!(v == v))
+		return 0;
+	v = roundf(v);
+	return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+}
+
 void quant_act_q8_0_ref(const float *x, BlockQ8_0 *y, int64_t n)
 {
 	for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
@@ -18,7 +31,7 @@ void quant_act_q8_0_ref(const float *x, BlockQ8_0 *y, int64_t n)
 		float id = d != 0.0f ? 1.0f / d : 0.0f;
 		y[i].d = f32_to_half(d);
 		for (int j = 0; j < QK8_0; j++)
-			y[i].qs[j] = (int8_t)roundf(x[j] * id);
+			y[i].qs[j] = q8_round(x[j] * id);
 	}
 }
 

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/model.h"
 #include "testutil.h"
 
 uint64_t test_seed(void)
@@ -57,13 +58,7 @@ const char *test_model_path(void)
 	if (e && *e) {
 		snprintf(buf, sizeof(buf), "%s", e);
 	} else {
-		const char *xdg = getenv("XDG_CACHE_HOME");
-		const char *home = getenv("HOME");
-		if (xdg && *xdg)
-			snprintf(buf, sizeof(buf), "%s/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
-		else
-			snprintf(buf, sizeof(buf), "%s/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-				 home ? home : "/root");
+		model_default_path(buf, sizeof(buf));
 	}
 	if (access(buf, R_OK) != 0)
 		ck_abort_msg("default model not found at %s: run scripts/setup.sh first", buf);

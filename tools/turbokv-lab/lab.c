@@ -16,13 +16,7 @@ const char *lab_default_model_path(char *buf, size_t size)
 		snprintf(buf, size, "%s", e);
 		return buf;
 	}
-	const char *xdg = getenv("XDG_CACHE_HOME");
-	if (xdg && *xdg)
-		snprintf(buf, size, "%s/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
-	else
-		snprintf(buf, size, "%s/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-			 getenv("HOME") ? getenv("HOME") : ".");
-	return buf;
+	return model_default_path(buf, size);
 }
 
 void lab_common_init(LabCommon *c)
