@@ -14,6 +14,7 @@
 
 #include "config.h"
 #include "engine/kvtype.h"
+#include "engine/model.h"
 
 typedef enum Key {
 	KEY_MODEL, KEY_KV, KEY_DEVICE, KEY_THREADS, KEY_CTX, KEY_SOCKET, KEY_STATE_DIR,
@@ -262,10 +263,7 @@ static int config_defaults(Config *c)
 	c->threads = (int)(n < 1 ? 1 : n > 8 ? 8 : n);
 	c->device = CONFIG_DEVICE_AUTO;
 	c->session_memory = 1ull << 30;
-	if ((xdg = getenv("XDG_CACHE_HOME")) && *xdg)
-		snprintf(buf, sizeof(buf), "%s/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
-	else
-		snprintf(buf, sizeof(buf), "%s/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf", home);
+	model_default_path(buf, sizeof(buf));
 	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, "f32") < 0)
 		return -ENOMEM;
 
