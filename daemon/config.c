@@ -259,6 +259,7 @@ static int config_defaults(Config *c)
 	const char *xdg;
 	bool root = geteuid() == 0;
 	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	int len;
 
 	c->threads = (int)(n < 1 ? 1 : n > 8 ? 8 : n);
 	c->device = CONFIG_DEVICE_AUTO;
@@ -267,22 +268,27 @@ static int config_defaults(Config *c)
 	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, "f32") < 0)
 		return -ENOMEM;
 
+	/* The paths below come from the environment: a cut-off one would be another path. */
 	if (root || !(xdg = getenv("XDG_RUNTIME_DIR")) || !*xdg)
-		snprintf(buf, sizeof(buf), "/run/turbokv/turbokv.sock");
+		len = snprintf(buf, sizeof(buf), "/run/turbokv/turbokv.sock");
 	else
-		snprintf(buf, sizeof(buf), "%s/turbokv/turbokv.sock", xdg);
+		len = snprintf(buf, sizeof(buf), "%s/turbokv/turbokv.sock", xdg);
+	if (len < 0 || (size_t)len >= sizeof(buf))
+		return -ENAMETOOLONG;
 	if (set_string(&c->socket_path, buf) < 0)
 		return -ENOMEM;
 
 	if ((xdg = getenv("STATE_DIRECTORY")) && *xdg) {
 		/* systemd may list several, colon-separated: ours is the first. */
-		snprintf(buf, sizeof(buf), "%.*s", (int)strcspn(xdg, ":"), xdg);
+		len = snprintf(buf, sizeof(buf), "%.*s", (int)MIN(strcspn(xdg, ":"), sizeof(buf)), xdg);
 	} else if (root)
-		snprintf(buf, sizeof(buf), "/var/lib/turbokv");
+		len = snprintf(buf, sizeof(buf), "/var/lib/turbokv");
 	else if ((xdg = getenv("XDG_STATE_HOME")) && *xdg)
-		snprintf(buf, sizeof(buf), "%s/turbokv", xdg);
+		len = snprintf(buf, sizeof(buf), "%s/turbokv", xdg);
 	else
-		snprintf(buf, sizeof(buf), "%s/.local/state/turbokv", home);
+		len = snprintf(buf, sizeof(buf), "%s/.local/state/turbokv", home);
+	if (len < 0 || (size_t)len >= sizeof(buf))
+		return -ENAMETOOLONG;
 	return set_string(&c->state_dir, buf);
 }
 
@@ -306,7 +312,9 @@ int config_load(Config *c, int argc, char **argv, Error *err)
 	char where[64];
 
 	if ((r = config_defaults(c)) < 0)
-		return error_set(err, r, "out of memory");
+		return error_set(err, r, "%s", r == -ENAMETOOLONG
+				 ? "a default path from $XDG_RUNTIME_DIR, $STATE_DIRECTORY, $XDG_STATE_HOME or $HOME is too long"
+				 : "out of memory");
 
 	/* First pass: only --config, which decides the file read before the rest. */
 	const char *path = getenv("TURBOKV_CONFIG");

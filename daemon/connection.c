@@ -21,6 +21,7 @@
 
 #define CONNECTION_READ_BYTES (64u * 1024)
 #define CONNECTION_READS_PER_EVENT 4 /* then let others have the loop */
+#define CONNECTION_SMALL_REPLY_BYTES 1024u /* replies up to this size are packed on the stack */
 
 static void connection_update_events(Connection *c)
 {
@@ -66,13 +67,17 @@ static void connection_flush(Connection *c)
 
 void connection_send(Connection *c, const Turbokv__V1__ServerMessage *msg)
 {
-	size_t len = turbokv__v1__server_message__get_packed_size(msg);
-	_cleanup_(freep) uint8_t *buf = malloc(len ? len : 1);
+	/* Token messages (one per generated token) fit the stack: no malloc per token. */
+	uint8_t small[CONNECTION_SMALL_REPLY_BYTES];
+	_cleanup_(freep) uint8_t *big = NULL;
+	uint8_t *buf = small;
+	size_t len;
 	Error err = { 0 };
 
 	if (c->dead)
 		return;
-	if (!buf) {
+	len = turbokv__v1__server_message__get_packed_size(msg);
+	if (len > sizeof(small) && !(buf = big = malloc(len))) {
 		log_error("client %llu: out of memory for a reply; dropping the client", (unsigned long long)c->id);
 		connection_kill(c);
 		return;

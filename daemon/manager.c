@@ -12,6 +12,7 @@
 
 #include "connection.h"
 #include "engine/kvstore.h"
+#include "ipc/utf8.h"
 #include "listener.h"
 #include "log.h"
 #include "manager.h"
@@ -177,6 +178,10 @@ static int manager_load_model(Manager *m)
 		const char *base = strrchr(cfg->model_path, '/');
 		snprintf(m->model_name, sizeof(m->model_name), "%s", base ? base + 1 : cfg->model_path);
 	}
+	/* Clients get it as a protobuf string: cut it before any invalid (or truncated) UTF-8. */
+	size_t bad;
+	if (!utf8_validate(m->model_name, strlen(m->model_name), &bad))
+		m->model_name[bad] = 0;
 	if ((r = model_fingerprint(cfg->model_path, m->fingerprint)) < 0)
 		return log_error_errno(r, "cannot read %s: %m", cfg->model_path);
 
