@@ -1,7 +1,8 @@
 /*
  * kvstore.c: the compressed KV cache of kvstore.h: blocks, quantize on
- * write, and the scalar reference attention on stored rows (the plain
- * twin of later SIMD kernels).
+ * write, and attention on stored rows: the block loop, online softmax
+ * and flash-decoding split here, the per-block score / softmax / value
+ * kernels in kernels/cpu/kv_attn.h (scalar references and AVX2 twins).
  */
 #include <assert.h>
 #include <errno.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/kv_attn.h"
 #include "kvquant.h"
 #include "kvstore.h"
 #include "rotation.h"
@@ -17,18 +19,11 @@
 #define KVSTORE_SEED_DOMAIN 0x6b7673746f726531ull /* "kvstore1" */
 #define KVSTORE_SPLIT_MIN_BLOCKS 8                /* auto split: at least 256 tokens per item */
 
-/*
- * One (layer, kv-head, K or V). For TQ values the store also keeps the
- * codec's group rotations (rebuilt from the descriptor by tq.h's rules)
- * to apply P^T once per head to the rotated-domain accumulator.
- */
+/* One (layer, kv-head, K or V). */
 typedef struct KvSide {
 	KvType type;           /* TQ: this side's seeds (and mask, once chosen) */
 	TqCodec *codec;        /* TQ only; NULL until an outlier mask is chosen */
-	int n_groups;          /* TQ values: 1, or 2 under OUTLIER_CHANNELS */
-	int group_dim[2];
-	Rotation *unrot[2];    /* TQ values: P_g */
-	uint16_t *channels[2]; /* TQ values under OUTLIER_CHANNELS: channels of group g */
+	KvAttnRows rows;       /* the stored rows as the attention kernels read them */
 } KvSide;
 
 typedef struct KvHead {
@@ -51,6 +46,8 @@ typedef struct KvStore {
 	size_t bytes_allocated;   /* block payload */
 	float *part;              /* attention partials, see AttendJob */
 	size_t part_n;
+	struct AttendScratch *scratch; /* (n_scratch,) one per pool thread, kept */
+	int n_scratch, scratch_group;
 } KvStore;
 
 static const KvCacheOps kvstore_ops;
@@ -87,62 +84,35 @@ static bool side_is_tq(const KvSide *s)
 	return s->type.format == KV_FORMAT_TQ;
 }
 
-static bool is_pow2(int n)
-{
-	return n > 0 && (n & (n - 1)) == 0;
-}
-
-/* The value side's group rotations, by tq.h's rules for desc. */
-static int side_unrot_new(KvSide *s, Error *err)
-{
-	const TqDesc *d = &s->type.tq;
-	bool outliers = d->group == TQ_GROUP_OUTLIER_CHANNELS;
-	s->n_groups = outliers ? 2 : 1;
-	s->group_dim[0] = outliers ? d->n_hi : d->dim;
-	s->group_dim[1] = outliers ? d->dim - d->n_hi : 0;
-	for (int g = 0; g < s->n_groups; g++) {
-		int dim = s->group_dim[g];
-		RotationKind kind = d->rotation;
-		if (kind == ROTATION_AUTO)
-			kind = is_pow2(dim) ? ROTATION_HADAMARD : ROTATION_DENSE;
-		int rounds = kind == ROTATION_HADAMARD ? d->rounds : 1;
-		uint64_t seed = g == 0 ? d->rot_seed : tq_seed_mix(d->rot_seed);
-		int r = rotation_new(kind, dim, rounds, seed, &s->unrot[g]);
-		if (r)
-			return error_set(err, r, "value rotation (dim %d): %s", dim, strerror(-r));
-		if (!outliers)
-			continue;
-		s->channels[g] = malloc_array((size_t)dim, sizeof(uint16_t));
-		if (!s->channels[g])
-			return error_set(err, -ENOMEM, "out of memory");
-		int n = 0;
-		for (int ch = 0; ch < d->dim; ch++) {
-			bool hi = (d->mask[ch >> 3] >> (ch & 7)) & 1;
-			if (hi == (g == 0))
-				s->channels[g][n++] = (uint16_t)ch;
-		}
-		assert(n == dim);
-	}
-	return 0;
-}
-
-/* Build the codec (and for values the rotations) of a TQ side whose descriptor is complete. */
+/* Build the codec of a TQ side whose descriptor is complete, and its kernel view. */
 static int side_codec_new(KvSide *s, KvRole role, Error *err)
 {
+	(void)role; /* both roles read rows the same way */
 	int r = tq_codec_new(&s->type.tq, &s->codec, err);
 	if (r)
 		return r;
-	return role == KV_ROLE_V ? side_unrot_new(s, err) : 0;
+	r = kv_attn_rows_init_tq(&s->rows, tq_codec_layout(s->codec), tq_codec_centroids(s->codec, true),
+				 tq_codec_centroids(s->codec, false), tq_qjl_const(s->codec));
+	if (r)
+		return error_set(err, r, "TQ layout the attention kernels cannot read");
+	return 0;
 }
 
 static void side_free(KvSide *s)
 {
 	s->codec = tq_codec_free(s->codec);
-	for (int g = 0; g < 2; g++) {
-		s->unrot[g] = rotation_free(s->unrot[g]);
-		free(s->channels[g]);
-		s->channels[g] = NULL;
+}
+
+static KvAttnFormat attn_format(KvFormat f)
+{
+	switch (f) {
+	case KV_FORMAT_F32: return KV_ATTN_F32;
+	case KV_FORMAT_F16: return KV_ATTN_F16;
+	case KV_FORMAT_Q8_0: return KV_ATTN_Q8_0;
+	case KV_FORMAT_Q4_0: return KV_ATTN_Q4_0;
+	case KV_FORMAT_TQ: break;
 	}
+	return KV_ATTN_TQ;
 }
 
 /* Set up one side: seeds for TQ, the codec unless it waits for an outlier mask. */
@@ -150,8 +120,12 @@ static int side_init(KvSide *s, const KvType *t, uint64_t seed, int layer, int h
 		     Error *err)
 {
 	s->type = *t;
-	if (!side_is_tq(s))
+	if (!side_is_tq(s)) {
+		if (kv_attn_rows_init(&s->rows, attn_format(t->format), t->dim) < 0)
+			return error_set(err, KVSTORE_E_PLAN, "layer %d: row shape the kernels cannot read",
+					 layer);
 		return 0;
+	}
 	uint64_t rot, qjl;
 	kvstore_derive_seeds(seed, layer, head, role, &rot, &qjl);
 	s->type.tq.rot_seed = rot;
@@ -162,6 +136,8 @@ static int side_init(KvSide *s, const KvType *t, uint64_t seed, int layer, int h
 }
 
 /* ---- construction ---- */
+
+static void store_scratch_free(KvStore *s);
 
 static void store_free(KvCache *kv)
 {
@@ -183,6 +159,7 @@ static void store_free(KvCache *kv)
 		}
 	free(s->layers);
 	free(s->part);
+	store_scratch_free(s);
 	free(s);
 }
 
@@ -293,6 +270,33 @@ int kvstore_tq_desc(const KvCache *kv, int layer, int head, KvRole role, TqDesc 
 		return KVSTORE_E_NO_DESC;
 	*ret = *tq_codec_desc(s->codec);
 	return 0;
+}
+
+int kvstore_tq_desc_put(KvCache *kv, int layer, int head, KvRole role, const TqDesc *desc,
+			Error *err)
+{
+	KvHead *H = &store_of(kv)->layers[layer].heads[head];
+	KvSide *s = role == KV_ROLE_K ? &H->k : &H->v;
+	if (!side_is_tq(s))
+		return error_set(err, KVSTORE_E_NO_DESC, "layer %d head %d %s: not a TurboQuant side", layer,
+				 head, role == KV_ROLE_K ? "K" : "V");
+	if (s->codec)
+		return tq_desc_compare(desc, tq_codec_desc(s->codec), err);
+	/* An outlier side waiting for its mask: everything but the mask must be as planned. */
+	TqDesc expect = s->type.tq;
+	memcpy(expect.mask, desc->mask, TQ_MASK_BYTES);
+	int r = tq_desc_compare(desc, &expect, err);
+	if (r == 0)
+		r = tq_desc_validate(desc, err);
+	if (r != 0)
+		return r;
+	s->type.tq = *desc;
+	r = side_codec_new(s, role, err);
+	if (r != 0) {
+		side_free(s);
+		memset(s->type.tq.mask, 0, TQ_MASK_BYTES);
+	}
+	return r;
 }
 
 size_t kvstore_bytes_allocated(const KvCache *kv)
@@ -437,48 +441,73 @@ typedef struct AttendJob {
 	const float *q;        /* (n_tok, n_heads, d) */
 	float *part;
 	float *out;            /* (n_tok, n_heads, d) */
+	KvAttnScoresFn scores;
+	KvAttnSoftmaxFn softmax;
+	KvAttnValuesFn values;
 } AttendJob;
 
-/* Per-thread scratch: prepared queries and one block of scores per query head. */
+/* Per-thread scratch, allocated once per cache (kvstore.c owns it). */
 typedef struct AttendScratch {
-	float *qp;        /* (group, d) non-TQ keys: prepared queries */
-	TqQuery *tqq;     /* (group,) TQ keys */
+	KvAttnQuery *q;   /* (group,) prepared query heads */
+	TqQuery *tqq;     /* tq_query_prepare() output */
 	float *scores;    /* (group, BT) */
+	float *ml;        /* (3, group): running max, sum, correction */
 } AttendScratch;
 
-/* acc (d,) += a * v~ in the rotated domain: a s_g c[idx_i] per coordinate. */
-static void tq_value_axpy(const TqCodec *c, float a, const uint8_t *code, float *acc)
+static void scratch_free(AttendScratch *sc)
 {
-	const TqLayout *Lt = tq_codec_layout(c);
-	if (Lt->n_hi > 0) {
-		const float *cb = tq_codec_centroids(c, true);
-		float sa = a * tq_load_f16(code + Lt->off_scale[0]);
-		for (int i = 0; i < Lt->n_hi; i++)
-			acc[i] += sa * tq_code_value(code + Lt->off_hi, Lt->bits_hi, cb, i);
-	}
-	if (Lt->n_hi < Lt->dim) {
-		const float *cb = tq_codec_centroids(c, false);
-		float sa = a * tq_load_f16(code + Lt->off_scale[Lt->n_scales - 1]);
-		float *lo = acc + Lt->n_hi;
-		for (int i = 0; i < Lt->dim - Lt->n_hi; i++)
-			lo[i] += sa * tq_code_value(code + Lt->off_lo, Lt->bits_lo, cb, i);
-	}
+	free(sc->q);
+	free(sc->tqq);
+	free(sc->scores);
+	free(sc->ml);
+	*sc = (AttendScratch){ 0 };
 }
 
-/* out (d,) = P^T acc for a TQ value side (acc in the rotated domain). */
-static void tq_value_finish(const KvSide *side, const float *acc, float *out)
+static void store_scratch_free(KvStore *s)
 {
-	if (side->n_groups == 1) {
-		rotation_apply_inverse(side->unrot[0], acc, out);
-		return;
+	for (int i = 0; i < s->n_scratch; i++)
+		scratch_free(&s->scratch[i]);
+	free(s->scratch);
+	s->scratch = NULL;
+	s->n_scratch = 0;
+}
+
+/* Scratch for nth threads and query groups of G heads; -ENOMEM on failure. */
+static int store_scratch_reserve(KvStore *s, int nth, int G)
+{
+	if (nth <= s->n_scratch && G <= s->scratch_group)
+		return 0;
+	store_scratch_free(s);
+	s->scratch = calloc_array((size_t)nth, sizeof(AttendScratch));
+	if (!s->scratch)
+		return -ENOMEM;
+	s->n_scratch = nth;
+	s->scratch_group = G;
+	for (int i = 0; i < nth; i++) {
+		AttendScratch *sc = &s->scratch[i];
+		sc->q = malloc_array((size_t)G, sizeof(KvAttnQuery));
+		sc->tqq = malloc(sizeof(TqQuery));
+		sc->scores = malloc_array((size_t)G * BT, sizeof(float));
+		sc->ml = malloc_array((size_t)G * 3, sizeof(float));
+		if (!sc->q || !sc->tqq || !sc->scores || !sc->ml) {
+			store_scratch_free(s);
+			return -ENOMEM;
+		}
 	}
-	float tmp[TQ_MAX_DIM];
-	int off = 0;
-	for (int g = 0; g < 2; g++) {
-		rotation_apply_inverse(side->unrot[g], acc + off, tmp);
-		for (int i = 0; i < side->group_dim[g]; i++)
-			out[side->channels[g][i]] = tmp[i];
-		off += side->group_dim[g];
+	return 0;
+}
+
+/* q (d,) of one query head into the stored domain of keys, then the kernel's form. */
+static void query_prepare(const KvSide *ks, const float *q, TqQuery *tqq, KvAttnQuery *ret)
+{
+	int d = ks->type.dim;
+	if (side_is_tq(ks)) {
+		tq_query_prepare(ks->codec, q, tqq);
+		memcpy(ret->q, tqq->rot, (size_t)d * sizeof(float));
+		if (ks->rows.tq.qjl_m > 0)
+			memcpy(ret->sq, tqq->sq, (size_t)ks->rows.tq.qjl_m * sizeof(float));
+	} else {
+		kvquant_query_prepare(&ks->type, q, ret->q);
 	}
 }
 
@@ -489,71 +518,39 @@ static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h,
 	const KvLayer *L = j->L;
 	const KvHead *H = &L->heads[h];
 	int d = sh->head_dim, G = j->group;
-	bool k_tq = side_is_tq(&H->k), v_tq = side_is_tq(&H->v);
 	float scale = 1.0f / sqrtf((float)d);
 	int64_t n_ctx = j->pos0 + t + 1;
 	int64_t n_blocks = (n_ctx + BT - 1) / BT;
 	int64_t b0 = c * j->chunk_blocks, b1 = MIN(n_blocks, b0 + j->chunk_blocks);
 	float *part = j->part + ((t * sh->n_kv_heads + h) * j->n_chunks + c) * G * (d + 2);
+	float *m = sc->ml, *l = sc->ml + G, *corr = sc->ml + 2 * G;
 
 	for (int g = 0; g < G; g++) {
-		float *p = part + g * (d + 2);
-		memset(p, 0, (size_t)d * sizeof(float));
-		p[d] = -INFINITY;
-		p[d + 1] = 0.0f;
+		memset(part + g * (d + 2), 0, (size_t)d * sizeof(float));
+		m[g] = -INFINITY;
+		l[g] = 0.0f;
 	}
-	if (b0 >= b1)
-		return;
-	for (int g = 0; g < G; g++) {
-		const float *q = j->q + ((size_t)t * sh->n_heads + (size_t)h * G + g) * d;
-		if (k_tq)
-			tq_query_prepare(H->k.codec, q, &sc->tqq[g]);
-		else
-			kvquant_query_prepare(&H->k.type, q, sc->qp + g * d);
-	}
+	for (int g = 0; g < G && b0 < b1; g++)
+		query_prepare(&H->k, j->q + ((size_t)t * sh->n_heads + (size_t)h * G + g) * d, sc->tqq,
+			      &sc->q[g]);
 
 	for (int64_t b = b0; b < b1; b++) {
 		const uint8_t *blk = H->blocks[b];
 		int nj = (int)MIN((int64_t)BT, n_ctx - b * BT);
 		/* scores: each key row read once for all query heads */
-		for (int i = 0; i < nj; i++) {
-			const uint8_t *krow = blk + (size_t)i * L->k_bytes;
-			for (int g = 0; g < G; g++)
-				sc->scores[g * BT + i] =
-					scale * (k_tq ? tq_inner_product(H->k.codec, &sc->tqq[g], krow)
-						      : kvquant_score(&H->k.type, sc->qp + g * d, krow));
-		}
+		j->scores(&H->k.rows, sc->q, G, blk, nj, scale, sc->scores, BT);
 		/* online softmax: rescale what came before to the new running max */
-		for (int g = 0; g < G; g++) {
-			float *p = part + g * (d + 2);
-			float m = p[d];
-			for (int i = 0; i < nj; i++)
-				m = fmaxf(m, sc->scores[g * BT + i]);
-			float corr = expf(p[d] - m);
-			if (corr != 1.0f)
+		j->softmax(sc->scores, BT, G, nj, m, l, corr);
+		for (int g = 0; g < G; g++)
+			if (corr[g] != 1.0f)
 				for (int x = 0; x < d; x++)
-					p[x] *= corr;
-			p[d + 1] *= corr;
-			p[d] = m;
-			for (int i = 0; i < nj; i++) {
-				float e = expf(sc->scores[g * BT + i] - m);
-				sc->scores[g * BT + i] = e;
-				p[d + 1] += e;
-			}
-		}
+					part[g * (d + 2) + x] *= corr[g];
 		/* values, in the stored (rotated) domain */
-		const uint8_t *vbase = blk + BT * L->k_bytes;
-		for (int i = 0; i < nj; i++) {
-			const uint8_t *vrow = vbase + (size_t)i * L->v_bytes;
-			for (int g = 0; g < G; g++) {
-				float a = sc->scores[g * BT + i];
-				float *acc = part + g * (d + 2);
-				if (v_tq)
-					tq_value_axpy(H->v.codec, a, vrow, acc);
-				else
-					kvquant_axpy(&H->v.type, a, vrow, acc);
-			}
-		}
+		j->values(&H->v.rows, sc->scores, BT, G, blk + BT * L->k_bytes, nj, part, d + 2);
+	}
+	for (int g = 0; g < G; g++) {
+		part[g * (d + 2) + d] = m[g];
+		part[g * (d + 2) + d + 1] = l[g];
 	}
 }
 
@@ -561,22 +558,13 @@ static void attend_task(void *ctx, int ith, int nth)
 {
 	const AttendJob *j = ctx;
 	const KvCacheShape *sh = &j->s->base.shape;
-	int G = j->group, d = sh->head_dim;
 	int64_t n_items = j->n_tok * sh->n_kv_heads * j->n_chunks;
-	if (ith >= n_items)
-		return;
-	/* a few KB to tens of KB per thread */
-	_cleanup_(freep) float *qp = malloc_array((size_t)G * d, sizeof(float));
-	_cleanup_(freep) TqQuery *tqq = malloc_array((size_t)G, sizeof(TqQuery));
-	_cleanup_(freep) float *scores = malloc_array((size_t)G * BT, sizeof(float));
-	if (!qp || !tqq || !scores)
-		abort(); /* no sane recovery mid-layer; the interface returns void */
-	AttendScratch sc = { .qp = qp, .tqq = tqq, .scores = scores };
+	AttendScratch *sc = &j->s->scratch[ith];
 	/* strided: causal items grow with t, so interleave them across threads */
 	for (int64_t i = ith; i < n_items; i += nth) {
 		int64_t c = i % j->n_chunks;
 		int64_t th = i / j->n_chunks;
-		attend_item(j, &sc, th / sh->n_kv_heads, (int)(th % sh->n_kv_heads), c);
+		attend_item(j, sc, th / sh->n_kv_heads, (int)(th % sh->n_kv_heads), c);
 	}
 }
 
@@ -612,7 +600,7 @@ static void combine_task(void *ctx, int ith, int nth)
 			acc[x] *= inv;
 		float *o = j->out + ((size_t)t * sh->n_heads + hq) * d;
 		if (side_is_tq(vs)) {
-			tq_value_finish(vs, acc, o);
+			tq_output_finish(vs->codec, acc, o);
 		} else {
 			kvquant_output_finish(&vs->type, acc);
 			memcpy(o, acc, (size_t)d * sizeof(float));
@@ -630,9 +618,16 @@ static void choose_split(const KvStore *s, ThreadPool *tp, int64_t pos0, int64_t
 	int64_t per = max_blocks;
 	if (s->split_blocks > 0)
 		per = s->split_blocks;
-	else if (items < nth && max_blocks >= 2 * KVSTORE_SPLIT_MIN_BLOCKS) {
-		int64_t want = (2 * nth + items - 1) / items;
-		int64_t chunks = MIN(want, max_blocks / KVSTORE_SPLIT_MIN_BLOCKS);
+	else if (items < 2 * nth && max_blocks >= 2 * KVSTORE_SPLIT_MIN_BLOCKS) {
+		/*
+		 * Few items (decode: one per kv-head): split the context so the
+		 * threads get equal shares, e.g. 3 kv-heads on 2 threads -> 2
+		 * chunks each, 6 items, not 2 + 1.
+		 */
+		int64_t chunks = (nth + items - 1) / items;
+		while (chunks < 4 * nth && (items * chunks) % nth)
+			chunks++;
+		chunks = MIN(chunks, max_blocks / KVSTORE_SPLIT_MIN_BLOCKS);
 		per = (max_blocks + chunks - 1) / chunks;
 	}
 	*ret_chunk_blocks = per;
@@ -664,6 +659,11 @@ static void store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, i
 		s->part_n = n;
 	}
 	j.part = s->part;
+	if (store_scratch_reserve(s, tp ? threadpool_n_threads(tp) : 1, j.group) < 0)
+		abort(); /* as above: tens of KB per thread */
+	j.scores = kv_attn_scores_get();
+	j.softmax = kv_attn_softmax_get();
+	j.values = kv_attn_values_get();
 	threadpool_run(tp, attend_task, &j);
 	threadpool_run(tp, combine_task, &j);
 }

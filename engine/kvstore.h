@@ -6,9 +6,10 @@
  * materialised.
  *
  * Owns: the block store, its memory accounting, the per (layer, kv-head,
- * K/V) TurboQuant codecs and their seeds, and the scalar reference
- * attention kernel over stored blocks. Not here: the quantizers
- * (kvquant.h, tq.h), type names and specs (kvtype.h), session files.
+ * K/V) TurboQuant codecs and their seeds, and the attention loop over
+ * stored blocks. Not here: the quantizers (kvquant.h, tq.h), type names
+ * and specs (kvtype.h), the per-block kernels (kernels/cpu/kv_attn.h:
+ * scalar references and AVX2, chosen at run time), session files.
  *
  * == Blocks ==
  *
@@ -60,14 +61,18 @@
  *
  * Per (token, kv-head): each of its query heads is prepared once
  * (kvquant_query_prepare / tq_query_prepare), scores come from the codes
- * (kvquant_score / tq_inner_product, the same estimator as tq_decode()
- * including QJL) scaled by 1 / sqrt(d), online softmax per block, values
- * accumulated in the stored domain (TQ: sum_j p_j s_j c[idx_j] in the
- * rotated domain), one inverse rotation per head at the end. Keys are
+ * (kv_attn scores: the sums of kvquant_score / tq_inner_product, the same
+ * estimator as tq_decode() including QJL) scaled by 1 / sqrt(d), online
+ * softmax per block, values accumulated in the stored domain (TQ:
+ * sum_j p_j s_j c[idx_j] in the rotated domain), one inverse rotation per
+ * head at the end (kvquant_output_finish / tq_output_finish). Keys are
  * read once per block for all query heads of their kv-head. Work is
- * split over (token, kv-head) and, when that gives the threads too little
- * to do (decode at long context), over ranges of blocks whose partial
- * (max, sum, accumulator) are combined afterwards (flash-decoding).
+ * split over (token, kv-head) and, when that gives the threads fewer
+ * than two items each (decode: one per kv-head), over ranges of at least
+ * 8 blocks whose partial (max, sum, accumulator) are combined afterwards
+ * (flash-decoding), with the item count a multiple of the threads.
+ * Scratch (prepared queries, scores) is allocated once per cache and
+ * thread count, not per call.
  */
 #pragma once
 
@@ -137,6 +142,18 @@ int kvstore_block_put(KvCache *kv, int layer, int head, int64_t index, const voi
  * (layer, head, role) into *ret. Returns 0 or KVSTORE_E_NO_DESC.
  */
 int kvstore_tq_desc(const KvCache *kv, int layer, int head, KvRole role, TqDesc *ret);
+
+/*
+ * Session restore: install the stored descriptor of the TQ side (layer,
+ * head, role). A side whose codec exists must have exactly this
+ * descriptor (TQ_E_MISMATCH naming the field otherwise); an outlier side
+ * whose mask is not chosen yet takes desc's mask, provided every other
+ * field equals the planned type with this cache's derived seeds, and
+ * builds its codec. Returns 0, KVSTORE_E_NO_DESC (not a TQ side),
+ * TQ_E_MISMATCH, TQ_E_BAD_DESC or -ENOMEM, with err set.
+ */
+int kvstore_tq_desc_put(KvCache *kv, int layer, int head, KvRole role, const TqDesc *desc,
+			Error *err);
 
 /* Bytes of K/V blocks allocated now, all layers and heads (codecs and scratch excluded). */
 size_t kvstore_bytes_allocated(const KvCache *kv);

@@ -832,3 +832,25 @@ float tq_inner_product(const TqCodec *c, const TqQuery *query, const uint8_t *co
 	tq_inner_product_parts(c, query, code, &mse, &qjl);
 	return mse + c->qjl_const * qjl;
 }
+
+void tq_value_axpy(const TqCodec *c, float a, const uint8_t *code, float *acc)
+{
+	const TqLayout *L = &c->layout;
+	if (L->n_hi > 0) {
+		float sa = a * stream_scale(c, code, true);
+		for (int i = 0; i < L->n_hi; i++)
+			acc[i] += sa * tq_code_value(code + L->off_hi, L->bits_hi, c->cb_hi->centroids, i);
+	}
+	if (L->n_hi < L->dim) {
+		float sa = a * stream_scale(c, code, false);
+		float *lo = acc + L->n_hi;
+		for (int i = 0; i < L->dim - L->n_hi; i++)
+			lo[i] += sa * tq_code_value(code + L->off_lo, L->bits_lo, c->cb_lo->centroids, i);
+	}
+}
+
+void tq_output_finish(const TqCodec *c, const float *acc, float *x)
+{
+	for (int g = 0; g < c->n_groups; g++)
+		group_unrotate(&c->groups[g], acc + c->groups[g].off, x);
+}

@@ -332,6 +332,15 @@ float tq_inner_product(const TqCodec *c, const TqQuery *query, const uint8_t *co
 void tq_inner_product_parts(const TqCodec *c, const TqQuery *query, const uint8_t *code,
 			    float *ret_mse, float *ret_qjl);
 
+/*
+ * The value side of attention, in the rotated domain: acc (dim,) +=
+ * a * y~ (the MSE reconstruction s_g c[idx_i]; the QJL term, which
+ * values do not use, is left out), then tq_output_finish() maps the
+ * finished accumulator back: x (dim,) = P^T acc, once per head.
+ */
+void tq_value_axpy(const TqCodec *c, float a, const uint8_t *code, float *acc);
+void tq_output_finish(const TqCodec *c, const float *acc, float *x);
+
 /* ---- per-coordinate helpers shared with kernels (host and device) ---- */
 
 static inline TQ_HD float tq_load_f16(const uint8_t *p)

@@ -7,6 +7,11 @@
  * cache. Tokens are random ids (content does not change the work). Each
  * test runs once as a warm-up, then --repetitions times; we report the
  * median and the standard deviation of tokens per second.
+ *
+ * --depth D1,D2,...: the decode test runs once per depth, after the cache
+ * has been filled with D tokens by real prefill (llama-bench -d): depths
+ * in ascending order, each prefilled on top of the previous one, the
+ * cache rewound to D before every timed run. Prefill time is not counted.
  */
 #include <getopt.h>
 #include <math.h>
@@ -23,6 +28,8 @@ typedef struct BenchOptions {
 	long n_gen;
 	long reps;
 	const char *kv; /* --kv SPEC, NULL: f32 */
+	long depth[16]; /* --depth, ascending; {0} by default */
+	int n_depth;
 } BenchOptions;
 
 static void usage(FILE *f)
@@ -33,6 +40,8 @@ static void usage(FILE *f)
 		"  -n, --n-gen N        tokens for the decode test (default 128, 0: skip)\n"
 		"  -r, --repetitions N  measured runs per test (default 5)\n"
 		"      --kv SPEC        KV cache types (tq4, q8_0:q4_0, ...; default f32)\n"
+		"  -d, --depth LIST     decode test after prefilling each of these many tokens\n"
+		"                       (comma-separated, up to 16; default 0)\n"
 		LAB_COMMON_HELP);
 }
 
@@ -45,15 +54,53 @@ static int cmp_double(const void *a, const void *b)
 typedef struct BenchResult {
 	const char *test;
 	long n;
+	long depth;
 	double median_tps;
 	double stdev_tps;
 } BenchResult;
 
-/* One timed run: seconds for the test, or a negative value on failure. */
-static double bench_once(const Model *m, ModelRun *run, KvCache *kv, const int32_t *tokens, long n,
-			 bool prefill, float *logits)
+static int cmp_long(const void *a, const void *b)
 {
-	kvcache_set_n_tokens(kv, 0);
+	long x = *(const long *)a, y = *(const long *)b;
+	return (x > y) - (x < y);
+}
+
+/* "0,1024,4096" -> o->depth (sorted, duplicates dropped). Returns 0 or -1 (message printed). */
+static int parse_depths(BenchOptions *o, const char *arg)
+{
+	_cleanup_(freep) char *copy = strdup(arg);
+	if (!copy)
+		return -1;
+	o->n_depth = 0;
+	for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (o->n_depth == (int)ARRAY_SIZE(o->depth)) {
+			fprintf(stderr, "turbokv-lab: --depth: at most %zu depths\n", ARRAY_SIZE(o->depth));
+			return -1;
+		}
+		long d = lab_parse_long("--depth", tok, 0, 1 << 20);
+		if (d < 0)
+			return -1;
+		o->depth[o->n_depth++] = d;
+	}
+	if (o->n_depth == 0) {
+		fprintf(stderr, "turbokv-lab: --depth: empty list\n");
+		return -1;
+	}
+	qsort(o->depth, (size_t)o->n_depth, sizeof(long), cmp_long);
+	int n = 1;
+	for (int i = 1; i < o->n_depth; i++)
+		if (o->depth[i] != o->depth[n - 1])
+			o->depth[n++] = o->depth[i];
+	o->n_depth = n;
+	return 0;
+}
+
+/* One timed run from depth tokens: seconds for the test, or a negative value on failure. */
+static double bench_once(const Model *m, ModelRun *run, KvCache *kv, const int32_t *tokens, long n,
+			 bool prefill, long depth, float *logits)
+{
+	kvcache_set_n_tokens(kv, depth);
+	tokens += depth;
 	uint64_t t0 = now_ns();
 	if (prefill) {
 		if (model_eval(m, run, kv, tokens, n, logits, NULL) != 0)
@@ -67,16 +114,16 @@ static double bench_once(const Model *m, ModelRun *run, KvCache *kv, const int32
 }
 
 static int bench_test(const Model *m, ModelRun *run, KvCache *kv, const int32_t *tokens,
-		      const BenchOptions *o, bool prefill, float *logits, BenchResult *ret)
+		      const BenchOptions *o, bool prefill, long depth, float *logits, BenchResult *ret)
 {
 	long n = prefill ? o->n_prompt : o->n_gen;
 	double tps[64];
 	long reps = MIN(o->reps, (long)ARRAY_SIZE(tps));
-	if (bench_once(m, run, kv, tokens, n, prefill, logits) < 0) /* warm-up */
+	if (bench_once(m, run, kv, tokens, n, prefill, depth, logits) < 0) /* warm-up */
 		return -1;
 	double mean = 0.0;
 	for (long i = 0; i < reps; i++) {
-		double s = bench_once(m, run, kv, tokens, n, prefill, logits);
+		double s = bench_once(m, run, kv, tokens, n, prefill, depth, logits);
 		if (s < 0)
 			return -1;
 		tps[i] = n / s;
@@ -89,6 +136,7 @@ static int bench_test(const Model *m, ModelRun *run, KvCache *kv, const int32_t 
 	*ret = (BenchResult){
 		.test = prefill ? "pp" : "tg",
 		.n = n,
+		.depth = depth,
 		.median_tps = reps % 2 ? tps[reps / 2] : (tps[reps / 2 - 1] + tps[reps / 2]) / 2,
 		.stdev_tps = reps > 1 ? sqrt(var / (reps - 1)) : 0.0,
 	};
@@ -104,14 +152,15 @@ int cmd_bench(int argc, char **argv)
 		{ "n-gen", required_argument, NULL, 'n' },
 		{ "repetitions", required_argument, NULL, 'r' },
 		{ "kv", required_argument, NULL, OPT_KV },
+		{ "depth", required_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, OPT_HELP },
 		{}
 	};
-	BenchOptions o = { .n_prompt = 512, .n_gen = 128, .reps = 5 };
+	BenchOptions o = { .n_prompt = 512, .n_gen = 128, .reps = 5, .n_depth = 1 };
 	int c, r;
 	lab_common_init(&o.common);
 	optind = 1;
-	while ((c = getopt_long(argc, argv, LAB_COMMON_SHORTOPTS "p:n:r:", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, LAB_COMMON_SHORTOPTS "p:n:r:d:", longopts, NULL)) != -1) {
 		if ((r = lab_common_option(&o.common, c, optarg)) != 0) {
 			if (r < 0)
 				return LAB_EXIT_USAGE;
@@ -131,6 +180,10 @@ int cmd_bench(int argc, char **argv)
 				return LAB_EXIT_USAGE;
 			break;
 		case OPT_KV: o.kv = optarg; break;
+		case 'd':
+			if (parse_depths(&o, optarg) < 0)
+				return LAB_EXIT_USAGE;
+			break;
 		case OPT_HELP: usage(stdout); return LAB_EXIT_OK;
 		default: usage(stderr); return LAB_EXIT_USAGE;
 		}
@@ -144,7 +197,7 @@ int cmd_bench(int argc, char **argv)
 	if (lab_load(&o.common, &m, NULL) < 0)
 		return LAB_EXIT_FAILURE;
 
-	int64_t n_ctx = MAX(o.n_prompt, o.n_gen);
+	int64_t n_ctx = MAX(o.n_prompt, o.depth[o.n_depth - 1] + o.n_gen);
 	if (n_ctx < 1)
 		return LAB_EXIT_OK;
 	ThreadPool *tp = NULL;
@@ -168,13 +221,21 @@ int cmd_bench(int argc, char **argv)
 		tokens[i] = (int32_t)((seed >> 33) % (uint64_t)m->cfg.n_vocab);
 	}
 
-	BenchResult res[2];
+	BenchResult res[1 + ARRAY_SIZE(o.depth)];
 	int n_res = 0;
 	r = 0;
 	if (o.n_prompt > 0)
-		r = bench_test(m, run, kv, tokens, &o, true, logits, &res[n_res++]);
-	if (r == 0 && o.n_gen > 0)
-		r = bench_test(m, run, kv, tokens, &o, false, logits, &res[n_res++]);
+		r = bench_test(m, run, kv, tokens, &o, true, 0, logits, &res[n_res++]);
+	long filled = 0; /* tokens 0 .. filled-1 are in the cache from the previous depth */
+	for (int i = 0; r == 0 && o.n_gen > 0 && i < o.n_depth; i++) {
+		long d = o.depth[i];
+		kvcache_set_n_tokens(kv, filled);
+		if (d > filled && model_eval(m, run, kv, tokens + filled, d - filled, logits, NULL) != 0)
+			r = -1;
+		filled = d;
+		if (r == 0)
+			r = bench_test(m, run, kv, tokens, &o, false, d, logits, &res[n_res++]);
+	}
 	threadpool_free(tp);
 	if (r != 0) {
 		fprintf(stderr, "turbokv-lab: benchmark evaluation failed\n");
@@ -196,18 +257,22 @@ int cmd_bench(int argc, char **argv)
 		printf(", \"kv_bits_per_value\": %.4f, \"kv_bytes_per_token\": %zu, \"peak_rss_bytes\": %ld, \"results\": [",
 		       kv_bits, kvcache_bytes_per_token(kv), ru.ru_maxrss * 1024L);
 		for (int i = 0; i < n_res; i++)
-			printf("%s{\"test\": \"%s%ld\", \"tokens_per_s\": %.2f, \"stdev\": %.2f, \"repetitions\": %ld}",
-			       i ? ", " : "", res[i].test, res[i].n, res[i].median_tps, res[i].stdev_tps, o.reps);
+			printf("%s{\"test\": \"%s%ld\", \"depth\": %ld, \"tokens_per_s\": %.2f, \"stdev\": %.2f, \"repetitions\": %ld}",
+			       i ? ", " : "", res[i].test, res[i].n, res[i].depth, res[i].median_tps, res[i].stdev_tps,
+			       o.reps);
 		printf("]}\n");
 	} else {
 		printf("model: %s (%s)\n", base, desc);
-		printf("| %-36s | %9s | %7s | %8s | %22s |\n", "model", "size", "threads", "test", "t/s (median ± sd)");
-		printf("| %.36s | %.9s | %.7s | %.8s | %.22s |\n", "------------------------------------",
-		       "---------", "-------", "--------", "----------------------");
+		printf("| %-36s | %9s | %7s | %14s | %22s |\n", "model", "size", "threads", "test", "t/s (median ± sd)");
+		printf("| %.36s | %.9s | %.7s | %.14s | %.22s |\n", "------------------------------------",
+		       "---------", "-------", "--------------", "----------------------");
 		for (int i = 0; i < n_res; i++) {
 			char test[32];
-			snprintf(test, sizeof(test), "%s%ld", res[i].test, res[i].n);
-			printf("| %-36.36s | %5.1f MiB | %7d | %8s | %12.2f ± %7.2f |\n", base,
+			if (res[i].depth > 0)
+				snprintf(test, sizeof(test), "%s%ld @ d%ld", res[i].test, res[i].n, res[i].depth);
+			else
+				snprintf(test, sizeof(test), "%s%ld", res[i].test, res[i].n);
+			printf("| %-36.36s | %5.1f MiB | %7d | %14s | %12.2f ± %7.2f |\n", base,
 			       gguf_file_size(m->gguf) / 1048576.0, o.common.threads, test, res[i].median_tps,
 			       res[i].stdev_tps);
 		}

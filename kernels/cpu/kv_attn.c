@@ -1,0 +1,281 @@
+/*
+ * kv_attn.c: scalar references of the KV attention kernels (kv_attn.h),
+ * the int8 query and codebook forms, and the run-time choice between the
+ * references and the AVX2 kernels.
+ *
+ * The per-row sums are those of engine/kvquant.c (kvquant_score_*,
+ * kvquant_axpy_*) and engine/tq.c (tq_inner_product, the value sums of
+ * the store), written again here so the kernel library does not call up
+ * into the engine; test-kvstore checks them against dequantize-then-exact
+ * attention, test-kvattn checks the AVX2 kernels against them.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_features.h"
+#include "engine/wtype.h"
+#include "kv_attn.h"
+
+int kv_attn_rows_init(KvAttnRows *rows, KvAttnFormat format, int dim)
+{
+	memset(rows, 0, sizeof(*rows));
+	if (dim <= 0 || dim > TQ_MAX_DIM)
+		return -EINVAL;
+	rows->format = format;
+	rows->dim = dim;
+	switch (format) {
+	case KV_ATTN_F32:
+		rows->row_bytes = (size_t)dim * sizeof(float);
+		return 0;
+	case KV_ATTN_F16:
+		rows->row_bytes = (size_t)dim * sizeof(tkv_half);
+		return 0;
+	case KV_ATTN_Q8_0:
+		rows->row_bytes = (size_t)(dim / QK8_0) * sizeof(BlockQ8_0);
+		return dim % QK8_0 ? -EINVAL : 0;
+	case KV_ATTN_Q4_0:
+		rows->row_bytes = (size_t)(dim / QK4_0) * sizeof(BlockQ4_0);
+		return dim % QK4_0 ? -EINVAL : 0;
+	case KV_ATTN_TQ:
+		break;
+	}
+	return -EINVAL;
+}
+
+/* The int8 codebook of n centroids (n <= 16): cs = max |c| / 127, q = round(c / cs). */
+static void codebook_int8(const float *c, int n, int8_t ret[16], float *ret_scale)
+{
+	float m = 0.0f;
+	for (int k = 0; k < n; k++)
+		m = fmaxf(m, fabsf(c[k]));
+	float s = m > 0.0f ? m / 127.0f : 1.0f;
+	memset(ret, 0, 16);
+	for (int k = 0; k < n; k++)
+		ret[k] = (int8_t)lrintf(fminf(127.0f, fmaxf(-127.0f, c[k] / s)));
+	*ret_scale = s;
+}
+
+int kv_attn_rows_init_tq(KvAttnRows *rows, const TqLayout *layout, const float *cb_hi,
+			 const float *cb_lo, float qjl_const)
+{
+	memset(rows, 0, sizeof(*rows));
+	if (layout->dim <= 0 || layout->dim > TQ_MAX_DIM || layout->bits_hi > 8 ||
+	    layout->bits_lo > 8 || (layout->n_hi > 0 && !cb_hi) || (layout->n_hi < layout->dim && !cb_lo))
+		return -EINVAL;
+	rows->format = KV_ATTN_TQ;
+	rows->dim = layout->dim;
+	rows->row_bytes = layout->code_bytes;
+	rows->tq = *layout;
+	rows->cb[0] = layout->n_hi > 0 ? cb_hi : NULL;
+	rows->cb[1] = layout->n_hi < layout->dim ? cb_lo : NULL;
+	rows->qjl_const = layout->qjl_m > 0 ? qjl_const : 0.0f;
+	rows->int8 = layout->bits_hi <= 4 && layout->bits_lo <= 4;
+	for (int s = 0; s < 2; s++) {
+		int bits = s ? layout->bits_lo : layout->bits_hi;
+		if (rows->cb[s] && bits <= 4)
+			codebook_int8(rows->cb[s], 1 << bits, rows->cb8[s], &rows->cb8_scale[s]);
+	}
+	return 0;
+}
+
+static int pad32(int n)
+{
+	return (n + KV_ATTN_PAD - 1) / KV_ATTN_PAD * KV_ATTN_PAD;
+}
+
+void kv_attn_query_prepare(const KvAttnRows *keys, KvAttnQuery *q)
+{
+	if (keys->format != KV_ATTN_TQ || !keys->int8)
+		return;
+	int d = keys->dim, n_hi = keys->tq.n_hi, hi_pad = pad32(n_hi);
+	float m = 0.0f;
+	for (int i = 0; i < d; i++)
+		m = fmaxf(m, fabsf(q->q[i]));
+	float s = m > 0.0f ? m / 127.0f : 1.0f, inv = 1.0f / s;
+	memset(q->q8, 0, (size_t)(hi_pad + pad32(d - n_hi)));
+	for (int i = 0; i < d; i++) {
+		bool hi = i < n_hi;
+		int k = hi ? i : i - n_hi, n = hi ? n_hi : d - n_hi;
+		int at = (hi ? 0 : hi_pad) + k;
+		/* full 32-chunks of 4-bit codes: even coordinates, then odd ones */
+		if ((hi ? keys->tq.bits_hi : keys->tq.bits_lo) == 4 && k / 32 * 32 + 32 <= n)
+			at = (hi ? 0 : hi_pad) + k / 32 * 32 + (k % 2) * 16 + (k % 32) / 2;
+		long v = lrintf(q->q[i] * inv);
+		q->q8[at] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+	}
+	for (int i = 0; i < hi_pad + pad32(d - n_hi); i++)
+		q->q8_abs[i] = (uint8_t)abs(q->q8[i]);
+	q->q8_scale = s;
+}
+
+/* ---- scalar references ---- */
+
+static float score_one_ref(const KvAttnRows *r, const KvAttnQuery *q, const uint8_t *k)
+{
+	const float *x = q->q;
+	int d = r->dim;
+	float acc = 0.0f;
+	switch (r->format) {
+	case KV_ATTN_F32: {
+		const float *kf = (const float *)k;
+		for (int i = 0; i < d; i++)
+			acc += x[i] * kf[i];
+		return acc;
+	}
+	case KV_ATTN_F16:
+		for (int i = 0; i < d; i++)
+			acc += x[i] * half_to_f32((tkv_half)(k[2 * i] | k[2 * i + 1] << 8));
+		return acc;
+	case KV_ATTN_Q8_0: {
+		const BlockQ8_0 *b = (const BlockQ8_0 *)k;
+		for (int bi = 0; bi < d / QK8_0; bi++) {
+			float s = 0.0f;
+			for (int j = 0; j < QK8_0; j++)
+				s += x[bi * QK8_0 + j] * (float)b[bi].qs[j];
+			acc += half_to_f32(b[bi].d) * s;
+		}
+		return acc;
+	}
+	case KV_ATTN_Q4_0: {
+		const BlockQ4_0 *b = (const BlockQ4_0 *)k;
+		for (int bi = 0; bi < d / QK4_0; bi++) {
+			const float *xb = x + bi * QK4_0;
+			float s = 0.0f;
+			for (int j = 0; j < QK4_0 / 2; j++) {
+				s += xb[j] * (float)((b[bi].qs[j] & 0x0f) - 8);
+				s += xb[j + QK4_0 / 2] * (float)((b[bi].qs[j] >> 4) - 8);
+			}
+			acc += half_to_f32(b[bi].d) * s;
+		}
+		return acc;
+	}
+	case KV_ATTN_TQ:
+		break;
+	}
+	/* TQ: tq_inner_product() term by term */
+	const TqLayout *L = &r->tq;
+	float mse = 0.0f, qjl = 0.0f;
+	if (L->n_hi > 0)
+		mse += tq_load_f16(k + L->off_scale[0]) *
+		       tq_dot_codes(x, k + L->off_hi, L->bits_hi, r->cb[0], L->n_hi);
+	if (L->n_hi < L->dim)
+		mse += tq_load_f16(k + L->off_scale[L->n_scales - 1]) *
+		       tq_dot_codes(x + L->n_hi, k + L->off_lo, L->bits_lo, r->cb[1], L->dim - L->n_hi);
+	if (L->qjl_m > 0)
+		qjl = tq_load_f16(k + L->off_gamma) * tq_dot_signs(q->sq, k + L->off_signs, L->qjl_m);
+	return mse + r->qjl_const * qjl;
+}
+
+void kv_attn_scores_ref(const KvAttnRows *keys, const KvAttnQuery *q, int G, const uint8_t *k,
+			int n, float scale, float *scores, int ld)
+{
+	for (int j = 0; j < n; j++)
+		for (int g = 0; g < G; g++)
+			scores[g * ld + j] = scale * score_one_ref(keys, &q[g], k + (size_t)j * keys->row_bytes);
+}
+
+/* acc (dim,) += a * stored value v. */
+static void axpy_one_ref(const KvAttnRows *r, float a, const uint8_t *v, float *acc)
+{
+	int d = r->dim;
+	switch (r->format) {
+	case KV_ATTN_F32: {
+		const float *vf = (const float *)v;
+		for (int i = 0; i < d; i++)
+			acc[i] += a * vf[i];
+		return;
+	}
+	case KV_ATTN_F16:
+		for (int i = 0; i < d; i++)
+			acc[i] += a * half_to_f32((tkv_half)(v[2 * i] | v[2 * i + 1] << 8));
+		return;
+	case KV_ATTN_Q8_0: {
+		const BlockQ8_0 *b = (const BlockQ8_0 *)v;
+		for (int bi = 0; bi < d / QK8_0; bi++) {
+			float as = a * half_to_f32(b[bi].d);
+			for (int j = 0; j < QK8_0; j++)
+				acc[bi * QK8_0 + j] += as * (float)b[bi].qs[j];
+		}
+		return;
+	}
+	case KV_ATTN_Q4_0: {
+		const BlockQ4_0 *b = (const BlockQ4_0 *)v;
+		for (int bi = 0; bi < d / QK4_0; bi++) {
+			float as = a * half_to_f32(b[bi].d);
+			float *ab = acc + bi * QK4_0;
+			for (int j = 0; j < QK4_0 / 2; j++) {
+				ab[j] += as * (float)((b[bi].qs[j] & 0x0f) - 8);
+				ab[j + QK4_0 / 2] += as * (float)((b[bi].qs[j] >> 4) - 8);
+			}
+		}
+		return;
+	}
+	case KV_ATTN_TQ:
+		break;
+	}
+	/* TQ: a s_g c[idx_i] per rotated coordinate */
+	const TqLayout *L = &r->tq;
+	if (L->n_hi > 0) {
+		float sa = a * tq_load_f16(v + L->off_scale[0]);
+		for (int i = 0; i < L->n_hi; i++)
+			acc[i] += sa * tq_code_value(v + L->off_hi, L->bits_hi, r->cb[0], i);
+	}
+	if (L->n_hi < L->dim) {
+		float sa = a * tq_load_f16(v + L->off_scale[L->n_scales - 1]);
+		float *lo = acc + L->n_hi;
+		for (int i = 0; i < L->dim - L->n_hi; i++)
+			lo[i] += sa * tq_code_value(v + L->off_lo, L->bits_lo, r->cb[1], i);
+	}
+}
+
+void kv_attn_values_ref(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			int n, float *acc, int acc_ld)
+{
+	for (int j = 0; j < n; j++)
+		for (int g = 0; g < G; g++)
+			axpy_one_ref(vals, p[g * ld + j], v + (size_t)j * vals->row_bytes, acc + (size_t)g * acc_ld);
+}
+
+void kv_attn_softmax_ref(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr)
+{
+	for (int g = 0; g < G; g++) {
+		float *sg = s + (size_t)g * ld, mx = m[g], sum = 0.0f;
+		for (int j = 0; j < n; j++)
+			mx = fmaxf(mx, sg[j]);
+		for (int j = 0; j < n; j++)
+			sum += sg[j] = expf(sg[j] - mx);
+		ret_corr[g] = expf(m[g] - mx);
+		l[g] = l[g] * ret_corr[g] + sum;
+		m[g] = mx;
+	}
+}
+
+/* ---- dispatch ---- */
+
+bool kv_attn_have_avx2(void)
+{
+	const CpuFeatures *f = cpu_features();
+#if defined(__x86_64__) || defined(__i386__)
+	/* pdep unpacks odd code widths; every AVX2 CPU has BMI2, but a VM may hide it */
+	return f->avx2 && f->fma && f->f16c && __builtin_cpu_supports("bmi2");
+#else
+	return f->avx2 && f->fma && f->f16c;
+#endif
+}
+
+KvAttnScoresFn kv_attn_scores_get(void)
+{
+	return kv_attn_have_avx2() ? kv_attn_scores_avx2 : kv_attn_scores_ref;
+}
+
+KvAttnSoftmaxFn kv_attn_softmax_get(void)
+{
+	return kv_attn_have_avx2() ? kv_attn_softmax_avx2 : kv_attn_softmax_ref;
+}
+
+KvAttnValuesFn kv_attn_values_get(void)
+{
+	return kv_attn_have_avx2() ? kv_attn_values_avx2 : kv_attn_values_ref;
+}

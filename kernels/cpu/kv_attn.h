@@ -1,0 +1,161 @@
+/*
+ * kv_attn.h: the inner kernels of decode/prefill attention on a
+ * compressed KV cache (engine/kvstore.h): scores of a few prepared query
+ * heads against up to 32 stored keys, and value sums acc += p_j v~_j over
+ * up to 32 stored values, both computed from the stored rows without
+ * writing dequantized K or V anywhere.
+ *
+ * Owns: the stored-row descriptor the kernels read (KvAttnRows), the
+ * prepared query (KvAttnQuery), a scalar reference per kernel
+ * (kv_attn.c, the definition of the sums) and AVX2 twins
+ * (kv_attn_avx2.c), chosen at run time like the weight kernels
+ * (cpu_features(); TURBOKV_NO_SIMD=1 forces the references). Not here:
+ * rotations, codebooks and encoding (engine/tq.h, engine/kvquant.h), the
+ * online softmax and block bookkeeping (engine/kvstore.c).
+ *
+ * == Row formats (one head vector of dim values) ==
+ *
+ *   F32, F16, Q8_0, Q4_0   as engine/kvquant.h (Q8_0 / Q4_0: dim / 32
+ *                          ggml blocks); +h rows are the same bytes, the
+ *                          rotation is the caller's business
+ *   TQ                     a TurboQuant code record, layout TqLayout
+ *                          (engine/tq.h); values in the rotated domain
+ *
+ * == What the kernels compute ==
+ *
+ * Scores (q~ = the prepared query of head g, k~_j = stored key j):
+ *   scores[g * ld + j] = scale * <q~_g, k~_j>
+ * with, for TQ, the estimator of tq_inner_product() (MSE part plus
+ * qjl_const * gamma * <S P q, z>). Values:
+ *   acc[g * acc_ld + i] += sum_j p[g * ld + j] * v~_j[i]
+ * with v~ in the stored (for TQ: rotated, s_g c[idx_i]) domain.
+ *
+ * The references use the float query as given, and so do the AVX2
+ * kernels in use: they agree with the references to float rounding
+ * (summation order; TQ centroids are looked up exactly, as floats).
+ *
+ * Measured alternative, not selected: an int8 TQ score kernel
+ * (kv_attn_scores_tq_int8_avx2, streams <= 4 bits): the query rounded to
+ * int8 with one scale per head (qs = max |q~_i| / 127, kv_attn_query_
+ * prepare()), each codebook to int8 (cs = max |c_k| / 127), pshufb
+ * lookups and maddubs products. Its error against the reference is
+ * bounded by, per code stream with scale s,
+ *   |s| * (qs / 2 * sum_i |c[idx_i]| + cs / 2 * sum_i |q~_i| + n qs cs / 4)
+ * (times scale), plus float rounding. It scores tq4 keys about 1.2-1.3x
+ * faster than the float kernel (about 10% of decode attention), but the
+ * int8 rounding is visible on the default model: with it, test-kvstore's
+ * tq4 greedy decode agreed with f32 for 2 of 16 tokens instead of 14, and
+ * the fused output missed dequantize-then-exact by ~0.5%. So the exact
+ * kernel is the one dispatched (docs/benchmarks.md, "Issue 4: decode at
+ * depth").
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/tq.h"
+
+#define KV_ATTN_MAX_KEYS 32 /* keys or values per kernel call (one store block) */
+#define KV_ATTN_PAD 32      /* int8 query streams are padded to this many values */
+
+typedef enum KvAttnFormat {
+	KV_ATTN_F32,
+	KV_ATTN_F16,
+	KV_ATTN_Q8_0,
+	KV_ATTN_Q4_0,
+	KV_ATTN_TQ,
+} KvAttnFormat;
+
+/* One side (keys or values) of a (layer, kv-head) as the kernels read it. */
+typedef struct KvAttnRows {
+	KvAttnFormat format;
+	int dim;
+	size_t row_bytes;       /* bytes per stored vector */
+	/* TQ only */
+	TqLayout tq;            /* offsets of the code record */
+	const float *cb[2];     /* centroids of the hi / lo stream (NULL when empty) */
+	float qjl_const;        /* K (0 without QJL) */
+	bool int8;              /* int8 scoring allowed: every stream <= 4 bits */
+	float cb8_scale[2];     /* cs of the hi / lo codebook */
+	int8_t cb8[2][16];      /* round(c_k / cs), hi / lo (int8 kernel) */
+} KvAttnRows;
+
+/*
+ * A prepared query head. The caller fills q (the query in the stored
+ * domain: P q for TQ, R q for +h, else q) and, for TQ keys with QJL, sq
+ * (S P q); kv_attn_query_prepare() adds the integer form (int8 kernel only).
+ */
+typedef struct KvAttnQuery {
+	float q[TQ_MAX_DIM];      /* (dim,) */
+	float sq[TQ_MAX_QJL_M];   /* (qjl_m,) */
+	float q8_scale;           /* qs */
+	/* (pad32(n_hi) + pad32(dim - n_hi),): hi stream, then lo stream, zero padded */
+	int8_t q8[TQ_MAX_DIM + 2 * KV_ATTN_PAD];
+	uint8_t q8_abs[TQ_MAX_DIM + 2 * KV_ATTN_PAD];
+} KvAttnQuery;
+
+/*
+ * Fill rows for a non-TQ format (dim a multiple of 32 for Q8_0 / Q4_0)
+ * or, from a codec's layout and centroids, for TQ. Returns 0 or -EINVAL.
+ */
+int kv_attn_rows_init(KvAttnRows *rows, KvAttnFormat format, int dim);
+int kv_attn_rows_init_tq(KvAttnRows *rows, const TqLayout *layout, const float *cb_hi,
+			 const float *cb_lo, float qjl_const);
+
+/* Derive q8, q8_abs, q8_scale from q->q (TQ keys with rows->int8 only; otherwise a no-op). */
+void kv_attn_query_prepare(const KvAttnRows *keys, KvAttnQuery *q);
+
+/*
+ * scores (G, ld): scale * <q[g], key j> for g < G, j < n (n <= 32), keys
+ * row_bytes apart from k. Other entries are left alone.
+ */
+typedef void (*KvAttnScoresFn)(const KvAttnRows *keys, const KvAttnQuery *q, int G,
+			       const uint8_t *k, int n, float scale, float *scores, int ld);
+/*
+ * acc (G, acc_ld) += p[g * ld + j] * value j for j < n (n <= 32), values
+ * row_bytes apart from v.
+ */
+typedef void (*KvAttnValuesFn)(const KvAttnRows *vals, const float *p, int ld, int G,
+			       const uint8_t *v, int n, float *acc, int acc_ld);
+
+void kv_attn_scores_ref(const KvAttnRows *keys, const KvAttnQuery *q, int G, const uint8_t *k,
+			int n, float scale, float *scores, int ld);
+void kv_attn_values_ref(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			int n, float *acc, int acc_ld);
+
+/* AVX2/FMA/F16C/BMI2 twins: call only when kv_attn_have_avx2(). */
+void kv_attn_scores_avx2(const KvAttnRows *keys, const KvAttnQuery *q, int G, const uint8_t *k,
+			 int n, float scale, float *scores, int ld);
+void kv_attn_values_avx2(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			 int n, float *acc, int acc_ld);
+
+/*
+ * The int8 TQ score kernel described above (needs kv_attn_query_prepare();
+ * rows without rows->int8 go to the float path). Measured, tested, not
+ * dispatched.
+ */
+void kv_attn_scores_tq_int8_avx2(const KvAttnRows *keys, const KvAttnQuery *q, int G,
+				 const uint8_t *k, int n, float scale, float *scores, int ld);
+
+/*
+ * One step of the online softmax over a block of scores s (G, ld), n
+ * per head: with the running max m[g] and sum l[g],
+ *   m' = max(m[g], max_j s_gj), s_gj <- exp(s_gj - m'),
+ *   ret_corr[g] = exp(m[g] - m'), l[g] <- l[g] ret_corr[g] + sum_j s_gj,
+ *   m[g] <- m'.
+ * m[g] may be -INFINITY (nothing seen yet: ret_corr 0); scores are finite.
+ * The AVX2 exp is a polynomial within 2 ulp of expf (test-kvattn).
+ */
+typedef void (*KvAttnSoftmaxFn)(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr);
+void kv_attn_softmax_ref(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr);
+void kv_attn_softmax_avx2(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr);
+KvAttnSoftmaxFn kv_attn_softmax_get(void);
+
+/* Whether the AVX2 kernels may run (CPU features, SIMD not disabled). */
+bool kv_attn_have_avx2(void);
+
+/* The kernels to use now: AVX2 where allowed, else the references. */
+KvAttnScoresFn kv_attn_scores_get(void);
+KvAttnValuesFn kv_attn_values_get(void);
