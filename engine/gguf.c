@@ -973,3 +973,11 @@ const char *gguf_type_name(uint32_t value_type)
 	};
 	return value_type < GGUF_TYPE_COUNT_ ? names[value_type] : "unknown";
 }
+
+uint64_t gguf_fingerprint(const Gguf *g)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (size_t i = 0; i < g->data_offset && i < g->size; i++)
+		h = (h ^ g->base[i]) * 0x100000001b3ull;
+	return h;
+}

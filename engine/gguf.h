@@ -141,3 +141,14 @@ bool gguf_str_eq(GgufStr s, const char *c);
 char *gguf_str_dup(GgufStr s);
 
 const char *gguf_type_name(uint32_t value_type);
+
+/*
+ * The model's identity for session files and clients: 64-bit FNV-1a
+ * (offset basis 0xcbf29ce484222325, prime 0x100000001b3) over the file's
+ * bytes [0, gguf_data_offset()): magic, version, counts, every metadata
+ * key and value, every tensor's name, shape, type and offset, and the
+ * padding before the data section. The weights are not read, so this is
+ * fast on large files; the same file under another path, or a copy, has
+ * the same fingerprint.
+ */
+uint64_t gguf_fingerprint(const Gguf *g);

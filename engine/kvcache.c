@@ -178,3 +178,80 @@ size_t kvcache_bytes_per_token(const KvCache *kv)
 {
 	return kv->ops->bytes_per_token(kv);
 }
+
+bool kvcache_is_f32(const KvCache *kv)
+{
+	return kv && kv->ops == &kvcache_f32_ops;
+}
+
+int kvcache_f32_rows(KvCache *kv, int layer, float **ret_k, float **ret_v)
+{
+	if (!kvcache_is_f32(kv) || layer < 0 || layer >= kv->shape.n_layers)
+		return -EINVAL;
+	KvCacheF32 *c = (KvCacheF32 *)kv;
+	size_t off = (size_t)layer * kv->shape.capacity * f32_row(&kv->shape);
+	*ret_k = c->k + off;
+	*ret_v = c->v + off;
+	return 0;
+}
+
+/* ---- the recording tap ---- */
+
+typedef struct KvCacheTapped {
+	KvCache base;
+	KvCache *inner; /* borrowed */
+	KvCacheTap tap;
+} KvCacheTapped;
+
+static int tap_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
+		      const float *v)
+{
+	KvCacheTapped *c = (KvCacheTapped *)kv;
+	c->inner->n_tokens = kv->n_tokens;
+	int r = kvcache_append(c->inner, layer, pos0, n_tok, k, v);
+	if (r == 0 && c->tap.on_append)
+		c->tap.on_append(c->tap.userdata, layer, pos0, n_tok, k, v);
+	return r;
+}
+
+static void tap_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		       const float *q, float *out)
+{
+	KvCacheTapped *c = (KvCacheTapped *)kv;
+	c->inner->n_tokens = kv->n_tokens;
+	kvcache_attend(c->inner, tp, layer, pos0, n_tok, q, out);
+	if (c->tap.on_attend)
+		c->tap.on_attend(c->tap.userdata, layer, pos0, n_tok, q, out);
+}
+
+static size_t tap_bytes_per_token(const KvCache *kv)
+{
+	return kvcache_bytes_per_token(((const KvCacheTapped *)kv)->inner);
+}
+
+static void tap_free(KvCache *kv)
+{
+	free(kv);
+}
+
+static const KvCacheOps kvcache_tap_ops = {
+	.name = "tap",
+	.append = tap_append,
+	.attend = tap_attend,
+	.bytes_per_token = tap_bytes_per_token,
+	.free = tap_free,
+};
+
+int kvcache_new_tap(KvCache *inner, const KvCacheTap *tap, KvCache **ret)
+{
+	KvCacheTapped *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->base.ops = &kvcache_tap_ops;
+	c->base.shape = inner->shape;
+	c->base.n_tokens = inner->n_tokens;
+	c->inner = inner;
+	c->tap = *tap;
+	*ret = &c->base;
+	return 0;
+}

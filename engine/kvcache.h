@@ -14,6 +14,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,3 +71,34 @@ int64_t kvcache_n_tokens(const KvCache *kv);
 void kvcache_set_n_tokens(KvCache *kv, int64_t n);
 
 size_t kvcache_bytes_per_token(const KvCache *kv);
+
+/* Whether kv was made by kvcache_new_f32(). */
+bool kvcache_is_f32(const KvCache *kv);
+
+/*
+ * The rows of layer in an f32 cache (session files): *ret_k, *ret_v point
+ * at (capacity, n_kv_heads * head_dim) floats, position-major; rows at
+ * positions >= n_tokens are unspecified. Returns 0, or -EINVAL if kv is
+ * not an f32 cache or layer is out of range.
+ */
+int kvcache_f32_rows(KvCache *kv, int layer, float **ret_k, float **ret_v);
+
+/*
+ * A recording cache (a tap): every operation is forwarded to inner, and
+ * the rows that pass through are shown to callbacks, so a tool can see
+ * real keys, values, queries and attention outputs without touching model
+ * code. inner is borrowed (it must outlive the tap) and follows the tap's
+ * n_tokens. Callbacks may be NULL; they run after the forwarded call.
+ */
+typedef struct KvCacheTap {
+	void *userdata;
+	/* after a successful append: k, v (n_tok, n_kv_heads * head_dim) */
+	void (*on_append)(void *userdata, int layer, int64_t pos0, int64_t n_tok, const float *k,
+			  const float *v);
+	/* after attend: q, out (n_tok, n_heads * head_dim) */
+	void (*on_attend)(void *userdata, int layer, int64_t pos0, int64_t n_tok, const float *q,
+			  const float *out);
+} KvCacheTap;
+
+/* A tap around inner (same shape). Returns 0 or -ENOMEM. */
+int kvcache_new_tap(KvCache *inner, const KvCacheTap *tap, KvCache **ret);

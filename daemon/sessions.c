@@ -1,0 +1,701 @@
+/*
+ * sessions.c: the daemon's session table, budget, spilling, saving,
+ * restoring, quotas and quarantine (see sessions.h).
+ */
+#include <assert.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "connection.h"
+#include "engine/gguf.h"
+#include "engine/kvstore.h"
+#include "log.h"
+#include "sessions.h"
+
+#define SESSION_FILE_SUFFIX ".tkvs"
+
+struct Session {
+	uid_t uid;
+	char name[PROTOCOL_MAX_SESSION_NAME + 1];
+	SessionState *state;    /* NULL: on disk only (or new and empty) */
+	bool on_disk;           /* a file exists */
+	bool busy;              /* a request holds it */
+	bool dirty;             /* memory is newer than the file */
+	bool kv_taken;          /* the request holds its cache */
+	uint32_t n_tokens;      /* known while spilled too */
+	uint64_t bytes_on_disk;
+	int64_t last_used_unix_ms;
+	uint64_t last_used_ns;  /* monotonic, for LRU */
+	size_t mem_bytes;       /* counted in Sessions.mem_bytes */
+};
+
+struct Sessions {
+	Manager *m;
+	int root_fd;            /* <state-dir>/sessions */
+	Session **all;          /* (n,) every known session, all uids */
+	size_t n, cap;
+	uid_t *scanned;         /* uids whose directory was read */
+	size_t n_scanned;
+	size_t mem_bytes;
+	uint64_t budget;
+	unsigned max_per_uid;
+	uint64_t max_bytes_per_uid;
+	unsigned idle_save_ms;
+	SessionSaveHooks hooks;
+	SessionExpect expect;
+	sd_event_source *idle_timer;
+};
+
+static int64_t unix_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t env_u64(const char *name, uint64_t def)
+{
+	const char *v = getenv(name);
+	char *end;
+	if (!v || !*v)
+		return def;
+	unsigned long long x = strtoull(v, &end, 10);
+	return *end ? def : (uint64_t)x;
+}
+
+/* ---- directories ---- */
+
+/* The directory of uid, created 0700 if missing. Returns an fd or -errno. */
+static int uid_dir_open(Sessions *ss, uid_t uid, bool create)
+{
+	char name[32];
+	snprintf(name, sizeof(name), "%u", (unsigned)uid);
+	if (create && mkdirat(ss->root_fd, name, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	int fd = openat(ss->root_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	(void)fchmod(fd, 0700);
+	return fd;
+}
+
+static void file_name(const Session *s, char *buf, size_t size)
+{
+	snprintf(buf, size, "%s" SESSION_FILE_SUFFIX, s->name);
+}
+
+/* Move a file that failed its checks aside, untouched. */
+static void quarantine(Sessions *ss, Session *s, int dir_fd)
+{
+	char from[128], to[160];
+	file_name(s, from, sizeof(from));
+	snprintf(to, sizeof(to), "quarantine/%s.%lld", from, (long long)unix_ms());
+	if (mkdirat(dir_fd, "quarantine", 0700) < 0 && errno != EEXIST)
+		log_error("uid %u: cannot create the quarantine folder: %m", (unsigned)s->uid);
+	if (renameat(dir_fd, from, dir_fd, to) < 0)
+		log_error("uid %u: cannot quarantine session file %s: %m", (unsigned)s->uid, from);
+	else
+		log_warning("uid %u: session '%s' moved to %s/sessions/%u/%s", (unsigned)s->uid, s->name,
+			    ss->m->config->state_dir, (unsigned)s->uid, to);
+}
+
+/* ---- the table ---- */
+
+static Session *sessions_find(Sessions *ss, uid_t uid, const char *name, size_t *ret_index)
+{
+	for (size_t i = 0; i < ss->n; i++)
+		if (ss->all[i]->uid == uid && strcmp(ss->all[i]->name, name) == 0) {
+			if (ret_index)
+				*ret_index = i;
+			return ss->all[i];
+		}
+	return NULL;
+}
+
+static size_t sessions_count_uid(const Sessions *ss, uid_t uid, uint64_t *ret_bytes)
+{
+	size_t n = 0;
+	uint64_t bytes = 0;
+	for (size_t i = 0; i < ss->n; i++)
+		if (ss->all[i]->uid == uid) {
+			n++;
+			bytes += ss->all[i]->bytes_on_disk;
+		}
+	if (ret_bytes)
+		*ret_bytes = bytes;
+	return n;
+}
+
+static Session *sessions_add(Sessions *ss, uid_t uid, const char *name)
+{
+	if (ss->n == ss->cap) {
+		size_t cap = ss->cap ? 2 * ss->cap : 16;
+		Session **p = realloc(ss->all, cap * sizeof(*p));
+		if (!p)
+			return NULL;
+		ss->all = p;
+		ss->cap = cap;
+	}
+	Session *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->uid = uid;
+	snprintf(s->name, sizeof(s->name), "%s", name);
+	s->last_used_unix_ms = unix_ms();
+	s->last_used_ns = now_ns();
+	ss->all[ss->n++] = s;
+	return s;
+}
+
+static size_t state_mem_bytes(const SessionState *st)
+{
+	if (!st)
+		return 0;
+	size_t n = st->n_tokens * sizeof(int32_t);
+	for (size_t i = 0; i < st->n_messages; i++)
+		n += st->messages[i].len;
+	if (st->kv)
+		n += kvstore_is(st->kv) ? kvstore_bytes_allocated(st->kv)
+					: (size_t)kvcache_n_tokens(st->kv) * kvcache_bytes_per_token(st->kv);
+	return n;
+}
+
+static void session_set_state(Sessions *ss, Session *s, SessionState *st)
+{
+	ss->mem_bytes -= s->mem_bytes;
+	session_state_free(s->state);
+	s->state = st;
+	s->mem_bytes = state_mem_bytes(st);
+	ss->mem_bytes += s->mem_bytes;
+	if (st)
+		s->n_tokens = (uint32_t)MIN(st->n_tokens, UINT32_MAX);
+}
+
+static void sessions_remove(Sessions *ss, size_t i)
+{
+	Session *s = ss->all[i];
+	session_set_state(ss, s, NULL);
+	free(s);
+	ss->all[i] = ss->all[--ss->n];
+}
+
+/* Read uid's directory once: every <name>.tkvs becomes a spilled session. */
+static void sessions_scan_uid(Sessions *ss, uid_t uid)
+{
+	for (size_t i = 0; i < ss->n_scanned; i++)
+		if (ss->scanned[i] == uid)
+			return;
+	uid_t *p = realloc(ss->scanned, (ss->n_scanned + 1) * sizeof(*p));
+	if (!p)
+		return;
+	ss->scanned = p;
+	ss->scanned[ss->n_scanned++] = uid;
+
+	int fd = uid_dir_open(ss, uid, false);
+	if (fd < 0)
+		return;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		safe_close(fd);
+		return;
+	}
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		size_t len = strlen(de->d_name), sl = strlen(SESSION_FILE_SUFFIX);
+		struct stat st;
+		char name[PROTOCOL_MAX_SESSION_NAME + 1];
+		if (len >= 9 && strcmp(de->d_name + len - 9, ".tkvs.tmp") == 0) {
+			(void)unlinkat(dirfd(d), de->d_name, 0); /* a save that never finished */
+			continue;
+		}
+		if (len <= sl || strcmp(de->d_name + len - sl, SESSION_FILE_SUFFIX) != 0 ||
+		    len - sl > PROTOCOL_MAX_SESSION_NAME)
+			continue;
+		snprintf(name, sizeof(name), "%.*s", (int)(len - sl), de->d_name);
+		if (!protocol_session_name_valid(name) || sessions_find(ss, uid, name, NULL) ||
+		    fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
+		    ss->n >= SESSIONS_MAX_TOTAL)
+			continue;
+		Session *s = sessions_add(ss, uid, name);
+		if (!s)
+			break;
+		s->on_disk = true;
+		s->bytes_on_disk = (uint64_t)st.st_size;
+		s->last_used_unix_ms = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+		s->last_used_ns = 0; /* older than anything used since startup */
+		uint8_t h[SESSION_HEADER_BYTES];
+		SessionHeader hd;
+		int hfd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		if (hfd >= 0) {
+			if (read(hfd, h, sizeof(h)) == (ssize_t)sizeof(h) && session_peek(h, sizeof(h), &hd, NULL) == 0)
+				s->n_tokens = hd.n_tokens;
+			safe_close(hfd);
+		}
+	}
+	closedir(d);
+}
+
+/* ---- saving and spilling ---- */
+
+static int session_save(Sessions *ss, Session *s)
+{
+	Manager *m = ss->m;
+	char file[128];
+	Error err = { 0 };
+	uint64_t bytes = 0, t0 = now_ns();
+
+	if (!s->dirty || !s->state || !s->state->kv)
+		return 0;
+	int fd = uid_dir_open(ss, s->uid, true);
+	if (fd < 0)
+		return log_error_errno(fd, "uid %u: cannot open the session directory: %m", (unsigned)s->uid);
+	file_name(s, file, sizeof(file));
+	int r = session_save_at(fd, file, s->state, ss->expect.fingerprint, m->config->kv_spec, &ss->hooks,
+				&bytes, &err);
+	safe_close(fd);
+	if (r != 0) {
+		log_error("uid %u: cannot save session '%s': %s", (unsigned)s->uid, s->name, err.msg);
+		return r;
+	}
+	s->dirty = false;
+	s->on_disk = true;
+	s->bytes_on_disk = bytes;
+	log_info("uid %u: saved session '%s' (%u tokens, %llu bytes) in %.1f ms", (unsigned)s->uid, s->name,
+		  s->n_tokens, (unsigned long long)bytes, (now_ns() - t0) / 1e6);
+	return 0;
+}
+
+/* Spill least-recently-used idle sessions until the budget holds. */
+static void sessions_enforce_budget(Sessions *ss)
+{
+	while (ss->mem_bytes > ss->budget) {
+		Session *lru = NULL;
+		for (size_t i = 0; i < ss->n; i++) {
+			Session *s = ss->all[i];
+			if (s->state && !s->busy && (!lru || s->last_used_ns < lru->last_used_ns))
+				lru = s;
+		}
+		if (!lru)
+			return;
+		if (session_save(ss, lru) != 0)
+			return; /* keep it rather than lose it; the budget is exceeded for now */
+		log_debug("uid %u: session '%s' spilled to disk", (unsigned)lru->uid, lru->name);
+		session_set_state(ss, lru, NULL);
+	}
+}
+
+void sessions_save_all(Sessions *ss)
+{
+	unsigned n = 0, failed = 0;
+	if (!ss)
+		return;
+	for (size_t i = 0; i < ss->n; i++) {
+		Session *s = ss->all[i];
+		if (!s->dirty || s->busy)
+			continue;
+		if (session_save(ss, s) == 0)
+			n++;
+		else
+			failed++;
+	}
+	if (failed)
+		log_warning("%u of %u sessions could not be saved", failed, n + failed);
+}
+
+static int sessions_on_idle(sd_event_source *src, uint64_t usec, void *userdata)
+{
+	Sessions *ss = userdata;
+	sessions_save_all(ss);
+	return 0;
+}
+
+static void sessions_arm_idle(Sessions *ss)
+{
+	if (!ss->idle_timer)
+		return;
+	(void)sd_event_source_set_time_relative(ss->idle_timer, (uint64_t)ss->idle_save_ms * 1000);
+	(void)sd_event_source_set_enabled(ss->idle_timer, SD_EVENT_ONESHOT);
+}
+
+/* ---- setup ---- */
+
+/* mkdir -p path: missing parents and path itself are created 0700. Returns 0 or -errno. */
+static int mkdir_parents(const char *path)
+{
+	_cleanup_(freep) char *p = strdup(path);
+	if (!p)
+		return -ENOMEM;
+	for (char *s = p + 1; *s; s++) {
+		if (*s != '/')
+			continue;
+		*s = 0;
+		if (mkdir(p, 0700) < 0 && errno != EEXIST)
+			return -errno;
+		*s = '/';
+	}
+	if (mkdir(p, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+int sessions_new(Manager *m, Sessions **ret)
+{
+	const Config *cfg = m->config;
+	_cleanup_(sessions_freep) Sessions *ss = calloc(1, sizeof(*ss));
+	int r;
+
+	if (!ss)
+		return -ENOMEM;
+	ss->m = m;
+	ss->root_fd = -1;
+	ss->budget = cfg->session_memory;
+	ss->max_per_uid = cfg->session_max ? cfg->session_max : SESSIONS_MAX_PER_UID;
+	ss->max_bytes_per_uid = cfg->session_disk ? cfg->session_disk : SESSIONS_MAX_BYTES_PER_UID;
+	ss->idle_save_ms = (unsigned)env_u64("TURBOKV_SESSION_IDLE_SAVE_MS", SESSIONS_IDLE_SAVE_MS);
+	ss->hooks.fail_after_bytes = env_u64("TURBOKV_TEST_SESSION_FAIL_WRITE_AFTER", 0);
+	ss->hooks.pause_ms = (unsigned)env_u64("TURBOKV_TEST_SESSION_SAVE_PAUSE_MS", 0);
+	ss->hooks.pause_after_bytes = ss->hooks.pause_ms ? 4096 : 0;
+	ss->expect = (SessionExpect){
+		.fingerprint = gguf_fingerprint(m->model->gguf),
+		.shape = model_kv_shape(m->model, m->n_ctx),
+		.n_vocab = m->model->cfg.n_vocab,
+		.plan = m->kv_plan,
+	};
+
+	if ((r = mkdir_parents(cfg->state_dir)) < 0)
+		return log_error_errno(r, "cannot create the state directory %s: %m", cfg->state_dir);
+	int dfd = open(cfg->state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return log_error_errno(-errno, "cannot open the state directory %s: %m", cfg->state_dir);
+	if (mkdirat(dfd, "sessions", 0700) < 0 && errno != EEXIST) {
+		r = -errno;
+		safe_close(dfd);
+		return log_error_errno(r, "cannot create %s/sessions: %m", cfg->state_dir);
+	}
+	ss->root_fd = openat(dfd, "sessions", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	r = -errno;
+	safe_close(dfd);
+	if (ss->root_fd < 0)
+		return log_error_errno(r, "cannot open %s/sessions: %m", cfg->state_dir);
+	(void)fchmod(ss->root_fd, 0700);
+
+	r = sd_event_add_time_relative(m->event, &ss->idle_timer, CLOCK_MONOTONIC,
+				       (uint64_t)ss->idle_save_ms * 1000, 0, sessions_on_idle, ss);
+	if (r < 0)
+		return log_error_errno(r, "cannot set up the session save timer: %m");
+	(void)sd_event_source_set_enabled(ss->idle_timer, SD_EVENT_OFF);
+	(void)sd_event_source_set_description(ss->idle_timer, "session-save");
+	if (ss->hooks.fail_after_bytes || ss->hooks.pause_ms)
+		log_warning("session save test hooks are on (fail after %llu bytes, pause %u ms)",
+			    (unsigned long long)ss->hooks.fail_after_bytes, ss->hooks.pause_ms);
+	*ret = TAKE_PTR(ss);
+	return 0;
+}
+
+Sessions *sessions_free(Sessions *ss)
+{
+	if (!ss)
+		return NULL;
+	sessions_save_all(ss);
+	while (ss->n > 0)
+		sessions_remove(ss, ss->n - 1);
+	free(ss->all);
+	free(ss->scanned);
+	sd_event_source_disable_unref(ss->idle_timer);
+	safe_close(ss->root_fd);
+	free(ss);
+	return NULL;
+}
+
+/* ---- use ---- */
+
+/* Load a spilled session; a file that fails its checks is quarantined. */
+static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
+{
+	char file[128];
+	Error e = { 0 };
+	SessionState *st = NULL;
+	uint64_t t0 = now_ns();
+
+	int fd = uid_dir_open(ss, s->uid, true);
+	if (fd < 0)
+		return error_set(err, PROTOCOL_E_INTERNAL, "session '%s': cannot open the session directory: %s",
+				 s->name, strerror(-fd));
+	file_name(s, file, sizeof(file));
+	int r = session_load_at(fd, file, &ss->expect, &st, &e);
+	if (r > 0) {
+		log_warning("uid %u: session '%s' cannot be loaded: %s (%s)", (unsigned)s->uid, s->name,
+			    session_error_name(r), e.msg);
+		quarantine(ss, s, fd);
+		safe_close(fd);
+		error_set(err, PROTOCOL_E_SESSION_CORRUPT, "session '%s': %s: %s; the file was moved to quarantine",
+			  s->name, session_error_name(r), e.msg);
+		sessions_remove(ss, index);
+		return PROTOCOL_E_SESSION_CORRUPT;
+	}
+	safe_close(fd);
+	if (r == -ENOENT) {
+		/* deleted behind our back: the session is gone */
+		sessions_remove(ss, index);
+		return error_set(err, PROTOCOL_E_SESSION_NOT_FOUND, "session '%s': its file is gone", s->name);
+	}
+	if (r < 0)
+		return error_set(err, r == -ENOMEM ? -ENOMEM : PROTOCOL_E_INTERNAL, "session '%s': %s", s->name,
+				 e.msg);
+	session_set_state(ss, s, st);
+	log_info("uid %u: restored session '%s' (%u tokens) in %.1f ms", (unsigned)s->uid, s->name, s->n_tokens,
+		  (now_ns() - t0) / 1e6);
+	return 0;
+}
+
+int sessions_acquire(Sessions *ss, uid_t uid, const char *name, Session **ret, Error *err)
+{
+	size_t index = 0;
+	uint64_t bytes;
+	int r;
+
+	sessions_scan_uid(ss, uid);
+	Session *s = sessions_find(ss, uid, name, &index);
+	if (s && s->busy)
+		return error_set(err, PROTOCOL_E_SESSION_BUSY, "session '%s' is in use by another request", name);
+	size_t n = sessions_count_uid(ss, uid, &bytes);
+	if (bytes > ss->max_bytes_per_uid)
+		return error_set(err, PROTOCOL_E_SESSION_QUOTA,
+				 "your session files take %llu bytes, more than the quota of %llu; delete some",
+				 (unsigned long long)bytes, (unsigned long long)ss->max_bytes_per_uid);
+	if (!s) {
+		if (n >= ss->max_per_uid || ss->n >= SESSIONS_MAX_TOTAL)
+			return error_set(err, PROTOCOL_E_SESSION_QUOTA, "you have %zu sessions, the quota is %u; delete some",
+					 n, ss->max_per_uid);
+		if (!(s = sessions_add(ss, uid, name)))
+			return error_set(err, -ENOMEM, "out of memory");
+	} else if (!s->state && s->on_disk && (r = session_load(ss, s, index, err)) != 0)
+		return r;
+	s->busy = true;
+	s->kv_taken = false;
+	s->last_used_ns = now_ns();
+	s->last_used_unix_ms = unix_ms();
+	*ret = s;
+	return 0;
+}
+
+const SessionState *session_state(const Session *s)
+{
+	return s->state;
+}
+
+KvCache *session_take_kv(Session *s)
+{
+	if (!s->state)
+		return NULL;
+	s->kv_taken = true;
+	return TAKE_PTR(s->state->kv);
+}
+
+/* Append turns (consumed) to the state's messages. */
+static int state_append_turns(SessionState *st, SessionMessage *turns, size_t n_turns)
+{
+	if (n_turns == 0)
+		return 0;
+	SessionMessage *p = realloc(st->messages, (st->n_messages + n_turns) * sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	st->messages = p;
+	memcpy(st->messages + st->n_messages, turns, n_turns * sizeof(*turns));
+	st->n_messages += n_turns;
+	return 0;
+}
+
+static void turns_free(SessionMessage *turns, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(turns[i].text);
+	free(turns);
+}
+
+void sessions_release(Sessions *ss, Session *s, KvCache *kv, const int32_t *tokens, size_t n_tokens,
+		      SessionKind kind, SessionMessage *turns, size_t n_turns)
+{
+	size_t index = 0;
+	assert(s->busy);
+	s->busy = false;
+	s->last_used_ns = now_ns();
+	s->last_used_unix_ms = unix_ms();
+	if (!sessions_find(ss, s->uid, s->name, &index)) {
+		assert(false); /* busy sessions are never removed */
+		kvcache_free(kv);
+		turns_free(turns, n_turns);
+		return;
+	}
+
+	if (!kv) {
+		turns_free(turns, n_turns);
+		if (s->kv_taken) {
+			/* the cache was taken but not returned: what is left is no longer consistent */
+			session_set_state(ss, s, NULL);
+			s->dirty = false;
+		}
+		if (!s->state && !s->on_disk)
+			sessions_remove(ss, index);
+		return;
+	}
+
+	SessionState *st = s->state;
+	if (!st && !(st = calloc(1, sizeof(*st))))
+		goto fail;
+	s->state = NULL;
+	int32_t *t = malloc_array(n_tokens ? n_tokens : 1, sizeof(int32_t));
+	if (!t || state_append_turns(st, turns, n_turns) < 0) {
+		free(t);
+		session_state_free(st);
+		goto fail;
+	}
+	free(turns); /* the texts moved into st->messages */
+	turns = NULL;
+	memcpy(t, tokens, n_tokens * sizeof(int32_t));
+	free(st->tokens);
+	st->tokens = t;
+	st->n_tokens = n_tokens;
+	st->kind = kind;
+	kvcache_free(st->kv);
+	st->kv = kv;
+	ss->mem_bytes -= s->mem_bytes;
+	s->mem_bytes = 0;
+	session_set_state(ss, s, st);
+	s->dirty = true;
+	s->kv_taken = false;
+	sessions_enforce_budget(ss);
+	sessions_arm_idle(ss);
+	return;
+fail:
+	log_error("uid %u: out of memory keeping session '%s'; its last turn is lost", (unsigned)s->uid, s->name);
+	kvcache_free(kv);
+	turns_free(turns, n_turns);
+	session_set_state(ss, s, NULL);
+	s->dirty = false;
+	if (!s->on_disk)
+		sessions_remove(ss, index);
+}
+
+/* ---- list, show, delete ---- */
+
+static void info_fill(const Session *s, uint64_t request_id, Turbokv__V1__SessionInfo *ret)
+{
+	turbokv__v1__session_info__init(ret);
+	ret->request_id = request_id;
+	ret->name = (char *)s->name;
+	ret->tokens = s->n_tokens;
+	ret->bytes_on_disk = s->on_disk ? s->bytes_on_disk : 0;
+	ret->last_used_unix_ms = s->last_used_unix_ms;
+	ret->in_memory = s->state != NULL;
+}
+
+static int info_cmp(const void *a, const void *b)
+{
+	const Session *x = *(Session *const *)a, *y = *(Session *const *)b;
+	return x->last_used_unix_ms < y->last_used_unix_ms ? 1 : x->last_used_unix_ms > y->last_used_unix_ms ? -1
+											    : strcmp(x->name, y->name);
+}
+
+void sessions_list(Sessions *ss, uid_t uid, Connection *c, uint64_t request_id)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__SessionListReply l = TURBOKV__V1__SESSION_LIST_REPLY__INIT;
+	sessions_scan_uid(ss, uid);
+	size_t n = sessions_count_uid(ss, uid, NULL), k = 0;
+	_cleanup_(freep) Session **mine = calloc_array(n, sizeof(Session *));
+	_cleanup_(freep) Turbokv__V1__SessionInfo *infos = calloc_array(n, sizeof(*infos));
+	_cleanup_(freep) Turbokv__V1__SessionInfo **ptrs = calloc_array(n, sizeof(*ptrs));
+	if (!mine || !infos || !ptrs) {
+		connection_send_error(c, request_id, PROTOCOL_E_INTERNAL, "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < ss->n; i++)
+		if (ss->all[i]->uid == uid)
+			mine[k++] = ss->all[i];
+	qsort(mine, n, sizeof(*mine), info_cmp);
+	for (size_t i = 0; i < n; i++) {
+		info_fill(mine[i], 0, &infos[i]);
+		ptrs[i] = &infos[i];
+	}
+	l.request_id = request_id;
+	l.n_sessions = n;
+	l.sessions = ptrs;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_SESSION_LIST_REPLY;
+	msg.session_list_reply = &l;
+	connection_send(c, &msg);
+}
+
+void sessions_show(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__SessionInfo info;
+	sessions_scan_uid(ss, uid);
+	Session *s = sessions_find(ss, uid, name, NULL);
+	if (!s) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_NOT_FOUND, "no session named '%s'", name);
+		return;
+	}
+	info_fill(s, request_id, &info);
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_SESSION_INFO;
+	msg.session_info = &info;
+	connection_send(c, &msg);
+}
+
+void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__SessionDeleted d = TURBOKV__V1__SESSION_DELETED__INIT;
+	size_t index;
+	sessions_scan_uid(ss, uid);
+	Session *s = sessions_find(ss, uid, name, &index);
+	if (!s) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_NOT_FOUND, "no session named '%s'", name);
+		return;
+	}
+	if (s->busy) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is in use", name);
+		return;
+	}
+	if (s->on_disk) {
+		char file[128];
+		int fd = uid_dir_open(ss, uid, false);
+		file_name(s, file, sizeof(file));
+		if (fd >= 0 && unlinkat(fd, file, 0) < 0 && errno != ENOENT) {
+			int e = errno;
+			safe_close(fd);
+			connection_send_error(c, request_id, PROTOCOL_E_INTERNAL, "cannot delete session '%s': %s", name,
+					      strerror(e));
+			return;
+		}
+		if (fd >= 0)
+			(void)fsync(fd);
+		safe_close(fd);
+	}
+	sessions_remove(ss, index);
+	d.request_id = request_id;
+	d.name = (char *)name;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_SESSION_DELETED;
+	msg.session_deleted = &d;
+	connection_send(c, &msg);
+}
+
+unsigned sessions_n_in_memory(const Sessions *ss)
+{
+	unsigned n = 0;
+	for (size_t i = 0; ss && i < ss->n; i++)
+		n += ss->all[i]->state != NULL;
+	return n;
+}
+
+uint64_t sessions_memory_bytes(const Sessions *ss)
+{
+	return ss ? ss->mem_bytes : 0;
+}

@@ -1,0 +1,113 @@
+/*
+ * sessions.h: the daemon's named sessions: per-uid conversations whose
+ * KV cache outlives the request that built it.
+ *
+ * Owns: the table of sessions (uid, name) -> token ids, chat messages and
+ * KvCache (engine/session.h's SessionState); the memory budget
+ * (--session-memory) and least-recently-used spilling to disk; saving
+ * (when idle, on spill, on shutdown); restoring on first use; quotas per
+ * uid; quarantine of files that fail their checks; the list, show and
+ * delete operations. Not here: the file format (engine/session.h), how a
+ * request builds its prompt from a session (request.c).
+ *
+ * == On disk ==
+ *
+ *   <state-dir>/sessions/            0700
+ *   <state-dir>/sessions/<uid>/      0700, one per user
+ *       <name>.tkvs                  0600, engine/session.h's format
+ *       <name>.tkvs.tmp              a save in progress (removed at startup)
+ *       quarantine/<name>.tkvs.<unix-ms>
+ *                                    files that failed to load, moved aside
+ *                                    untouched for inspection
+ *
+ * Every lookup is keyed by the caller's uid (SO_PEERCRED) and name, and
+ * the directory of one uid is only ever opened for that uid: a user can
+ * neither list, read, overwrite nor delete another user's sessions.
+ *
+ * == Life of a session ==
+ *
+ * sessions_acquire() finds (uid, name), loading it from disk if it is
+ * not in memory, or creates it (quota permitting), and marks it busy: a
+ * second request naming it gets SESSION_BUSY until sessions_release().
+ * The request takes the KvCache (sessions_take_kv) and, when it ends,
+ * hands back the cache and its token ids and appends its chat turns
+ * (sessions_release): the session is then dirty. Dirty sessions are saved
+ * when the daemon has been idle for SESSIONS_IDLE_SAVE_MS, when they are
+ * spilled (least recently used first, while the sessions in memory exceed
+ * the budget) and at shutdown. A failed save is logged; the session stays
+ * in memory and dirty, and the previous file stays intact.
+ *
+ * == Quotas (per uid) ==
+ *
+ * At most --session-max sessions (default SESSIONS_MAX_PER_UID) and
+ * --session-disk bytes of session files (default
+ * SESSIONS_MAX_BYTES_PER_UID); creating a session beyond the count, or
+ * using one while the user's files are over the byte quota, is
+ * SESSION_QUOTA. A save may take the files past the byte quota once (the
+ * conversation is not lost); the next use is refused until the user
+ * deletes sessions.
+ *
+ * == Test hooks (environment) ==
+ *
+ *   TURBOKV_SESSION_IDLE_SAVE_MS=T           the idle delay before dirty sessions are saved
+ *   TURBOKV_TEST_SESSION_FAIL_WRITE_AFTER=N  saves fail with ENOSPC after N bytes
+ *   TURBOKV_TEST_SESSION_SAVE_PAUSE_MS=T     saves sleep T ms after their first 4 KiB
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "engine/session.h"
+#include "manager.h"
+#include "proto/protocol.h"
+
+#define SESSIONS_MAX_PER_UID 64u
+#define SESSIONS_MAX_BYTES_PER_UID (8ull << 30)
+#define SESSIONS_IDLE_SAVE_MS 5000u
+#define SESSIONS_MAX_TOTAL 4096u /* all users */
+
+typedef struct Sessions Sessions;
+typedef struct Session Session;
+
+/* Set up the state directory and read nothing else yet. Returns 0 or -errno (logged). */
+int sessions_new(Manager *m, Sessions **ret);
+/* Save what is dirty, then free everything. */
+Sessions *sessions_free(Sessions *ss);
+DEFINE_FREEP(Sessions, sessions_free)
+
+/*
+ * Find or create the session (uid, name) and mark it busy. Returns 0,
+ * PROTOCOL_E_SESSION_BUSY, _QUOTA, _CORRUPT (the file was quarantined),
+ * PROTOCOL_E_INTERNAL or -ENOMEM, with err saying what to tell the client.
+ */
+int sessions_acquire(Sessions *ss, uid_t uid, const char *name, Session **ret, Error *err);
+
+/* The state of an acquired session: NULL for a new, empty one. */
+const SessionState *session_state(const Session *s);
+
+/* Take the KV cache out of an acquired session (NULL if it has none). */
+KvCache *session_take_kv(Session *s);
+
+/*
+ * End the use of an acquired session. With kv (consumed) the request ran:
+ * tokens (n_tokens, copied) are the conversation's ids, the first
+ * kvcache_n_tokens(kv) of them in the cache; kind and turns (consumed,
+ * may be NULL) are appended to its messages. Without kv nothing changes
+ * (a new session that never ran is forgotten).
+ */
+void sessions_release(Sessions *ss, Session *s, KvCache *kv, const int32_t *tokens, size_t n_tokens,
+		      SessionKind kind, SessionMessage *turns, size_t n_turns);
+
+/* Save every dirty session that is not busy (shutdown). */
+void sessions_save_all(Sessions *ss);
+
+/* SessionListReply / SessionInfo / SessionDeleted answers for uid. */
+void sessions_list(Sessions *ss, uid_t uid, Connection *c, uint64_t request_id);
+void sessions_show(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id);
+void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id);
+
+/* For StatusReply. */
+unsigned sessions_n_in_memory(const Sessions *ss);
+uint64_t sessions_memory_bytes(const Sessions *ss);

@@ -1,0 +1,636 @@
+/*
+ * test-session.c: session files (engine/session.h), their checksum
+ * (engine/crc32c.h) and the model fingerprint (gguf_fingerprint).
+ *
+ * CRC-32C against published vectors and against tq.h's independent
+ * bitwise implementation; the fingerprint against FNV-1a written out here
+ * over the header bytes of a test GGUF, unchanged by a weight byte,
+ * changed by a metadata byte. Round trips for f32, q8_0, tq4, tq3+qjl, an
+ * outlier type and a mixed per-layer spec: the restored cache holds the
+ * same rows (blocks byte for byte, descriptors with seeds and masks) and
+ * gives bit-identical attention; the file size follows the documented
+ * layout; the file is 0600 and no temporary is left. Then every byte of a
+ * file flipped in turn gives the error of the part it is in, truncation at
+ * every offset gives SESSION_E_TRUNCATED, and files of another model, KV
+ * type, vocabulary or capacity are refused. A save that runs out of disk
+ * leaves the previous file intact.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/crc32c.h"
+#include "engine/gguf.h"
+#include "engine/kvstore.h"
+#include "engine/session.h"
+#include "engine/tq.h"
+#include "testutil.h"
+
+#define NL 3   /* layers */
+#define NH 4   /* query heads */
+#define KVH 2  /* kv-heads */
+#define D 64   /* head_dim */
+#define CAP 256
+#define VOCAB 1000
+#define FP 0x0123456789abcdefull
+
+/* ---- helpers ---- */
+
+static KvCacheShape shape(void)
+{
+	return (KvCacheShape){ .n_layers = NL, .n_heads = NH, .n_kv_heads = KVH, .head_dim = D, .capacity = CAP };
+}
+
+static char tmpdir[64];
+
+static int dir_open(void)
+{
+	int fd = open(tmpdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	ck_assert_int_ge(fd, 0);
+	return fd;
+}
+
+/* A cache of spec (NULL: the f32 cache) with n random tokens appended in two batches. */
+static KvCache *cache_filled(const char *spec, KvPlan **ret_plan, int64_t n, uint64_t *rng)
+{
+	KvCacheShape sh = shape();
+	KvCache *kv = NULL;
+	Error err = { 0 };
+	*ret_plan = NULL;
+	if (spec) {
+		ck_assert_msg(kvplan_from_text(spec, NL, KVH, D, ret_plan, &err) == 0, "%s: %s", spec, err.msg);
+		ck_assert_msg(kvcache_new_quant(&sh, *ret_plan, test_rand_u64(rng), &kv, &err) == 0, "%s", err.msg);
+	} else
+		ck_assert_int_eq(kvcache_new_f32(&sh, &kv), 0);
+	size_t row = (size_t)KVH * D;
+	float *k = malloc(sizeof(float) * n * row), *v = malloc(sizeof(float) * n * row);
+	ck_assert(k && v);
+	for (size_t i = 0; i < n * row; i++) {
+		/* channel 5 and 17 are outliers, so outlier masks are not trivial */
+		float s = (i % D == 5 || i % D == 17) ? 8.0f : 1.0f;
+		k[i] = s * test_rand_normal(rng);
+		v[i] = test_rand_normal(rng);
+	}
+	int64_t first = n / 2;
+	for (int l = 0; l < NL; l++)
+		ck_assert_int_eq(kvcache_append(kv, l, 0, first, k, v), 0);
+	kvcache_set_n_tokens(kv, first);
+	for (int l = 0; l < NL; l++)
+		ck_assert_int_eq(kvcache_append(kv, l, first, n - first, k + first * row, v + first * row), 0);
+	kvcache_set_n_tokens(kv, n);
+	free(k);
+	free(v);
+	return kv;
+}
+
+static SessionState *state_new(KvCache *kv, size_t n_tokens, uint64_t *rng)
+{
+	SessionState *s = calloc(1, sizeof(*s));
+	ck_assert_ptr_nonnull(s);
+	s->kind = SESSION_KIND_CHAT;
+	s->kv = kv;
+	s->n_tokens = n_tokens;
+	s->tokens = malloc(sizeof(int32_t) * (n_tokens ? n_tokens : 1));
+	for (size_t i = 0; i < n_tokens; i++)
+		s->tokens[i] = (int32_t)(test_rand_u64(rng) % VOCAB);
+	static const char *texts[] = { "You are helpful.", "What is 2+2?", "4." };
+	s->n_messages = 3;
+	s->messages = calloc(3, sizeof(SessionMessage));
+	for (int i = 0; i < 3; i++)
+		s->messages[i] = (SessionMessage){ .role = (SessionRole)i, .text = strdup(texts[i]),
+						   .len = strlen(texts[i]) };
+	return s;
+}
+
+static SessionExpect expect_of(const KvPlan *plan)
+{
+	return (SessionExpect){ .fingerprint = FP, .shape = shape(), .n_vocab = VOCAB, .plan = plan };
+}
+
+/* Attention of random queries over the whole cache: out (n, NH * D). */
+static void attend_all(KvCache *kv, ThreadPool *tp, int layer, uint64_t seed, float *out)
+{
+	int64_t n = kvcache_n_tokens(kv);
+	float *q = malloc(sizeof(float) * 4 * NH * D);
+	for (int i = 0; i < 4 * NH * D; i++)
+		q[i] = test_rand_normal(&seed);
+	/* the last 4 positions, as a batch that sees the whole cache */
+	kvcache_attend(kv, tp, layer, n - 4, 4, q, out);
+	free(q);
+}
+
+static void assert_same_cache(KvCache *a, KvCache *b)
+{
+	int64_t n = kvcache_n_tokens(a);
+	ck_assert_int_eq(kvcache_n_tokens(b), n);
+	if (kvcache_is_f32(a)) {
+		ck_assert(kvcache_is_f32(b));
+		for (int l = 0; l < NL; l++) {
+			float *ka, *va, *kb, *vb;
+			ck_assert_int_eq(kvcache_f32_rows(a, l, &ka, &va), 0);
+			ck_assert_int_eq(kvcache_f32_rows(b, l, &kb, &vb), 0);
+			ck_assert(memcmp(ka, kb, sizeof(float) * n * KVH * D) == 0);
+			ck_assert(memcmp(va, vb, sizeof(float) * n * KVH * D) == 0);
+		}
+	} else {
+		ck_assert(kvstore_is(b));
+		ck_assert_uint_eq(kvstore_seed(a), kvstore_seed(b));
+		for (int l = 0; l < NL; l++) {
+			const KvLayerTypes *lt = kvstore_layer_types(a, l);
+			size_t kb = kvtype_vec_bytes(&lt->k), vb = kvtype_vec_bytes(&lt->v);
+			for (int h = 0; h < KVH; h++) {
+				for (int64_t i = 0; i < (n + 31) / 32; i++) {
+					const uint8_t *x = kvstore_block(a, l, h, i), *y = kvstore_block(b, l, h, i);
+					ck_assert(x && y);
+					int64_t rows = MIN(32, n - 32 * i);
+					ck_assert(memcmp(x, y, rows * kb) == 0);
+					ck_assert(memcmp(x + 32 * kb, y + 32 * kb, rows * vb) == 0);
+				}
+				for (int role = 0; role < 2; role++) {
+					TqDesc da, db;
+					int ra = kvstore_tq_desc(a, l, h, (KvRole)role, &da);
+					ck_assert_int_eq(kvstore_tq_desc(b, l, h, (KvRole)role, &db), ra);
+					if (ra == 0)
+						ck_assert(tq_desc_equal(&da, &db));
+				}
+			}
+		}
+	}
+	/* the behaviour, not just the bytes: attention is bit-identical */
+	ThreadPool *tp = NULL;
+	ck_assert_int_eq(threadpool_new(2, &tp), 0);
+	float oa[4 * NH * D], ob[4 * NH * D];
+	for (int l = 0; l < NL; l++) {
+		attend_all(a, tp, l, 99 + l, oa);
+		attend_all(b, tp, l, 99 + l, ob);
+		ck_assert(memcmp(oa, ob, sizeof(oa)) == 0);
+	}
+	threadpool_free(tp);
+}
+
+static uint8_t *file_read(int dir, const char *name, size_t *ret_len)
+{
+	char path[128];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+	(void)dir;
+	uint8_t *b = (uint8_t *)test_read_file(path, ret_len);
+	ck_assert_ptr_nonnull(b);
+	return b;
+}
+
+/* ---- CRC-32C ---- */
+
+START_TEST(test_crc32c_vectors)
+{
+	uint8_t buf[32];
+	ck_assert_uint_eq(crc32c("123456789", 9), 0xe3069283u);
+	ck_assert_uint_eq(crc32c("", 0), 0);
+	/* RFC 3720 B.4 */
+	memset(buf, 0, 32);
+	ck_assert_uint_eq(crc32c(buf, 32), 0x8a9136aau);
+	memset(buf, 0xff, 32);
+	ck_assert_uint_eq(crc32c(buf, 32), 0x62a8ab43u);
+	for (int i = 0; i < 32; i++)
+		buf[i] = (uint8_t)i;
+	ck_assert_uint_eq(crc32c(buf, 32), 0x46dd794eu);
+	for (int i = 0; i < 32; i++)
+		buf[i] = (uint8_t)(31 - i);
+	ck_assert_uint_eq(crc32c(buf, 32), 0x113fdb5cu);
+}
+END_TEST
+
+START_TEST(test_crc32c_random)
+{
+	uint64_t rng = test_seed();
+	uint8_t buf[1000];
+	for (int it = 0; it < 200; it++) {
+		size_t n = test_rand_u64(&rng) % sizeof(buf), off = test_rand_u64(&rng) % 8;
+		for (size_t i = 0; i < sizeof(buf); i++)
+			buf[i] = (uint8_t)test_rand_u64(&rng);
+		n = MIN(n, sizeof(buf) - off);
+		ck_assert_uint_eq(crc32c(buf + off, n), tq_crc32c(buf + off, n));
+		size_t cut = n ? test_rand_u64(&rng) % n : 0;
+		ck_assert_uint_eq(crc32c_update(crc32c(buf + off, cut), buf + off + cut, n - cut),
+				  crc32c(buf + off, n));
+	}
+}
+END_TEST
+
+/* ---- fingerprint ---- */
+
+START_TEST(test_fingerprint)
+{
+	size_t len;
+	uint8_t *img = (uint8_t *)test_read_file(test_data_path("gguf/all-types.gguf"), &len);
+	ck_assert_ptr_nonnull(img);
+	Gguf *g = NULL;
+	ck_assert_int_eq(gguf_open_memory(img, len, &g, NULL), 0);
+	size_t data = gguf_data_offset(g);
+	uint64_t fp = gguf_fingerprint(g), h = 0xcbf29ce484222325ull;
+	for (size_t i = 0; i < data; i++)
+		h = (h ^ img[i]) * 0x100000001b3ull;
+	ck_assert_uint_eq(fp, h);
+	gguf_free(g);
+
+	/* a weight byte does not change it */
+	ck_assert_uint_gt(len, data);
+	img[len - 1] ^= 0x55;
+	ck_assert_int_eq(gguf_open_memory(img, len, &g, NULL), 0);
+	ck_assert_uint_eq(gguf_fingerprint(g), fp);
+	gguf_free(g);
+
+	/* a metadata byte does: the last byte of the first key's name */
+	uint64_t keylen = 0;
+	memcpy(&keylen, img + 24, 8);
+	img[24 + 8 + keylen - 1] ^= 0x01;
+	if (gguf_open_memory(img, len, &g, NULL) == 0) {
+		ck_assert_uint_ne(gguf_fingerprint(g), fp);
+		gguf_free(g);
+	}
+	free(img);
+}
+END_TEST
+
+/* ---- round trips ---- */
+
+static const char *const round_specs[] = {
+	NULL /* f32 cache */, "q8_0", "tq4", "tq3+qjl:tq3", "tq3.5o", "tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
+};
+
+/* Bytes of a file by session.h's layout, computed from the spec here. */
+static uint64_t expected_size(const KvPlan *plan, size_t spec_len, int64_t n_kv, size_t n_tokens,
+			      size_t msg_bytes)
+{
+	uint64_t blocks = (uint64_t)(n_kv + 31) / 32, kv = 16 + spec_len, layers = 0;
+	for (int l = 0; l < NL; l++) {
+		KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32, .dim = D }, .v = { .format = KV_FORMAT_F32, .dim = D } };
+		const KvLayerTypes *lt = plan ? &plan->layers[l] : &f32;
+		kv += 4 + (uint64_t)KVH * 176 * ((lt->k.format == KV_FORMAT_TQ) + (lt->v.format == KV_FORMAT_TQ));
+		uint64_t block = 32 * (kvtype_vec_bytes(&lt->k) + kvtype_vec_bytes(&lt->v));
+		layers += 20 + 16 + KVH * blocks * block;
+	}
+	return 64 + (20 + kv) + (20 + 4 * n_tokens) + (20 + 8 + msg_bytes) + layers;
+}
+
+START_TEST(test_round_trip)
+{
+	const char *spec = round_specs[_i];
+	uint64_t rng = test_seed() + (uint64_t)_i;
+	KvPlan *plan = NULL;
+	int64_t n = 77;
+	KvCache *kv = cache_filled(spec, &plan, n, &rng);
+	SessionState *s = state_new(kv, (size_t)n + 1, &rng);
+	int dir = dir_open();
+	Error err = { 0 };
+	uint64_t bytes = 0;
+
+	ck_assert_msg(session_save_at(dir, "rt.tkvs", s, FP, spec ? spec : "f32", NULL, &bytes, &err) == 0, "%s",
+		      err.msg);
+	size_t msg_bytes = 0;
+	for (size_t i = 0; i < s->n_messages; i++)
+		msg_bytes += 8 + s->messages[i].len;
+	ck_assert_uint_eq(bytes, expected_size(plan, strlen(spec ? spec : "f32"), n, s->n_tokens, msg_bytes));
+	struct stat st;
+	ck_assert_int_eq(fstatat(dir, "rt.tkvs", &st, 0), 0);
+	ck_assert_uint_eq(st.st_mode & 07777, 0600);
+	ck_assert_uint_eq((uint64_t)st.st_size, bytes);
+	ck_assert_int_eq(fstatat(dir, "rt.tkvs.tmp", &st, 0), -1);
+
+	SessionExpect e = expect_of(plan);
+	SessionState *r = NULL;
+	ck_assert_msg(session_load_at(dir, "rt.tkvs", &e, &r, &err) == 0, "%s: %s", spec ? spec : "f32", err.msg);
+	ck_assert_uint_eq(r->n_tokens, s->n_tokens);
+	ck_assert(memcmp(r->tokens, s->tokens, s->n_tokens * sizeof(int32_t)) == 0);
+	ck_assert_int_eq(r->kind, SESSION_KIND_CHAT);
+	ck_assert_uint_eq(r->n_messages, 3);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(r->messages[i].role, s->messages[i].role);
+		ck_assert_str_eq(r->messages[i].text, s->messages[i].text);
+	}
+	assert_same_cache(s->kv, r->kv);
+
+	/* saved again, the restored session gives the same bytes */
+	uint64_t bytes2;
+	ck_assert_int_eq(session_save_at(dir, "rt2.tkvs", r, FP, spec ? spec : "f32", NULL, &bytes2, &err), 0);
+	size_t l1, l2;
+	uint8_t *f1 = file_read(dir, "rt.tkvs", &l1), *f2 = file_read(dir, "rt2.tkvs", &l2);
+	ck_assert_uint_eq(l1, l2);
+	ck_assert(memcmp(f1, f2, l1) == 0);
+	free(f1);
+	free(f2);
+
+	session_state_free(r);
+	session_state_free(s);
+	kvplan_free(plan);
+	close(dir);
+}
+END_TEST
+
+/* A rewound cache saves only its valid rows; a raw session has no messages. */
+START_TEST(test_rewound_raw)
+{
+	uint64_t rng = test_seed() + 7;
+	KvPlan *plan = NULL;
+	KvCache *kv = cache_filled("tq4", &plan, 100, &rng);
+	kvcache_set_n_tokens(kv, 40);
+	SessionState *s = state_new(kv, 45, &rng);
+	for (size_t i = 0; i < s->n_messages; i++)
+		free(s->messages[i].text);
+	s->n_messages = 0;
+	s->kind = SESSION_KIND_RAW;
+	int dir = dir_open();
+	Error err = { 0 };
+	ck_assert_int_eq(session_save_at(dir, "rw.tkvs", s, FP, "tq4", NULL, NULL, &err), 0);
+	SessionExpect e = expect_of(plan);
+	SessionState *r = NULL;
+	ck_assert_msg(session_load_at(dir, "rw.tkvs", &e, &r, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(kvcache_n_tokens(r->kv), 40);
+	ck_assert_int_eq(r->kind, SESSION_KIND_RAW);
+	ck_assert_uint_eq(r->n_messages, 0);
+	ck_assert_ptr_null(kvstore_block(r->kv, 0, 0, 2)); /* block 2 (positions 64..) not restored */
+	assert_same_cache(s->kv, r->kv);
+	session_state_free(r);
+	session_state_free(s);
+	kvplan_free(plan);
+	close(dir);
+}
+END_TEST
+
+/* ---- damage ---- */
+
+/* A small file of spec: its bytes, and the offsets where its sections start. */
+typedef struct Small {
+	uint8_t *data;
+	size_t len;
+	size_t start[3 + NL + 1]; /* KV, TOKENS, MESSAGES, LAYER 0.., end */
+	KvPlan *plan;
+} Small;
+
+static void small_make(const char *spec, int64_t n, Small *ret)
+{
+	uint64_t rng = test_seed() + 11;
+	KvPlan *plan = NULL;
+	KvCache *kv = cache_filled(spec, &plan, n, &rng);
+	SessionState *s = state_new(kv, (size_t)n, &rng);
+	int dir = dir_open();
+	ck_assert_int_eq(session_save_at(dir, "small.tkvs", s, FP, spec ? spec : "f32", NULL, NULL, NULL), 0);
+	ret->data = file_read(dir, "small.tkvs", &ret->len);
+	ret->plan = plan;
+	size_t pos = 64;
+	for (int i = 0; i < 3 + NL; i++) {
+		uint64_t l;
+		memcpy(&l, ret->data + pos + 8, 8);
+		ret->start[i] = pos;
+		pos += 16 + l + 4;
+	}
+	ret->start[3 + NL] = pos;
+	ck_assert_uint_eq(pos, ret->len);
+	session_state_free(s);
+	close(dir);
+}
+
+/* The code a flip at offset i must give. */
+static int expected_code(const Small *sm, size_t i, bool *ret_or_truncated)
+{
+	static const int codes[] = { SESSION_E_KV_SECTION, SESSION_E_TOKENS, SESSION_E_MESSAGES };
+	*ret_or_truncated = false;
+	if (i < 8)
+		return SESSION_E_MAGIC;
+	if (i < 12)
+		return SESSION_E_VERSION;
+	if (i < 64)
+		return SESSION_E_HEADER;
+	for (int s = 0; s < 3 + NL; s++)
+		if (i < sm->start[s + 1]) {
+			/* a flipped length may run past the end of the file */
+			*ret_or_truncated = i >= sm->start[s] + 8 && i < sm->start[s] + 16;
+			return s < 3 ? codes[s] : SESSION_E_BLOCKS;
+		}
+	return -1;
+}
+
+static void flip_all(const char *spec, size_t stride)
+{
+	Small sm;
+	small_make(spec, 40, &sm);
+	SessionExpect e = expect_of(sm.plan);
+	uint8_t *buf = malloc(sm.len);
+	for (size_t i = 0; i < sm.len; i += stride) {
+		/* block payloads are many and alike: sample them, test every other byte */
+		size_t sec = 3;
+		while (sec < 3 + NL && i >= sm.start[sec + 1])
+			sec++;
+		if (sec < 3 + NL && i >= sm.start[3] && i - sm.start[sec] > 48 && i + 8 < sm.start[sec + 1] &&
+		    i % 31 != 0)
+			continue;
+		memcpy(buf, sm.data, sm.len);
+		buf[i] ^= (uint8_t)(1u << (i % 8));
+		SessionState *r = NULL;
+		Error err = { 0 };
+		bool or_trunc;
+		int want = expected_code(&sm, i, &or_trunc);
+		int got = session_read(buf, sm.len, &e, &r, &err);
+		ck_assert_ptr_null(r);
+		ck_assert_msg(got == want || (or_trunc && got == SESSION_E_TRUNCATED),
+			      "%s: flip at %zu: got %d (%s), want %d", spec ? spec : "f32", i, got, err.msg, want);
+		ck_assert(err.msg[0]);
+	}
+	/* the intact file still reads */
+	SessionState *r = NULL;
+	ck_assert_int_eq(session_read(sm.data, sm.len, &e, &r, NULL), 0);
+	session_state_free(r);
+	free(buf);
+	free(sm.data);
+	kvplan_free(sm.plan);
+}
+
+START_TEST(test_flip_every_byte)
+{
+	flip_all("q8_0", 1);
+	flip_all("tq4+qjl:tq3.5o", 1);
+	flip_all(NULL, 1);
+}
+END_TEST
+
+START_TEST(test_truncate_every_offset)
+{
+	Small sm;
+	small_make("tq3", 33, &sm);
+	SessionExpect e = expect_of(sm.plan);
+	for (size_t n = 0; n < sm.len; n++) {
+		uint8_t *buf = malloc(n ? n : 1); /* exact size: ASan sees overreads */
+		memcpy(buf, sm.data, n);
+		SessionState *r = NULL;
+		int got = session_read(buf, n, &e, &r, NULL);
+		ck_assert_msg(got == SESSION_E_TRUNCATED, "truncated to %zu: %d", n, got);
+		free(buf);
+	}
+	/* one byte too many */
+	uint8_t *buf = malloc(sm.len + 1);
+	memcpy(buf, sm.data, sm.len);
+	buf[sm.len] = 0;
+	ck_assert_int_eq(session_read(buf, sm.len + 1, &e, &(SessionState *){ NULL }, NULL), SESSION_E_HEADER);
+	free(buf);
+	free(sm.data);
+	kvplan_free(sm.plan);
+}
+END_TEST
+
+START_TEST(test_mismatch)
+{
+	Small sm;
+	small_make("tq4", 40, &sm);
+	SessionState *r = NULL;
+	Error err = { 0 };
+	KvPlan *other = NULL;
+
+	SessionExpect e = expect_of(sm.plan);
+	e.fingerprint ^= 1;
+	ck_assert_int_eq(session_read(sm.data, sm.len, &e, &r, &err), SESSION_E_MODEL);
+	e = expect_of(sm.plan);
+	e.shape.n_layers = NL + 1;
+	ck_assert_int_eq(session_read(sm.data, sm.len, &e, &r, &err), SESSION_E_MODEL);
+	e = expect_of(sm.plan);
+	e.shape.capacity = 39;
+	ck_assert_int_eq(session_read(sm.data, sm.len, &e, &r, &err), SESSION_E_TOO_LARGE);
+	e = expect_of(sm.plan);
+	e.n_vocab = 10;
+	ck_assert_int_eq(session_read(sm.data, sm.len, &e, &r, &err), SESSION_E_TOKENS);
+	e = expect_of(NULL); /* the f32 cache */
+	ck_assert_int_eq(session_read(sm.data, sm.len, &e, &r, &err), SESSION_E_KV_TYPE);
+	static const char *others[] = { "q8_0", "tq4_nc", "tq3", "tq4,1=q8_0", "tq4+qjl:tq4" };
+	for (size_t i = 0; i < ARRAY_SIZE(others); i++) {
+		ck_assert_int_eq(kvplan_from_text(others[i], NL, KVH, D, &other, NULL), 0);
+		e = expect_of(other);
+		ck_assert_msg(session_read(sm.data, sm.len, &e, &r, &err) == SESSION_E_KV_TYPE, "%s", others[i]);
+		other = kvplan_free(other);
+	}
+	ck_assert_ptr_null(r);
+	free(sm.data);
+	kvplan_free(sm.plan);
+}
+END_TEST
+
+START_TEST(test_enospc_keeps_old)
+{
+	uint64_t rng = test_seed() + 3;
+	KvPlan *plan = NULL;
+	KvCache *kv = cache_filled("tq4", &plan, 60, &rng);
+	SessionState *s = state_new(kv, 60, &rng);
+	int dir = dir_open();
+	Error err = { 0 };
+	uint64_t bytes;
+	ck_assert_int_eq(session_save_at(dir, "keep.tkvs", s, FP, "tq4", NULL, &bytes, &err), 0);
+	size_t l1;
+	uint8_t *old = file_read(dir, "keep.tkvs", &l1);
+
+	s->tokens[0] = (s->tokens[0] + 1) % VOCAB;
+	uint64_t points[] = { 1, 64, 100, bytes / 2, bytes - 1 };
+	for (size_t i = 0; i < ARRAY_SIZE(points); i++) {
+		SessionSaveHooks hooks = { .fail_after_bytes = points[i] };
+		ck_assert_int_eq(session_save_at(dir, "keep.tkvs", s, FP, "tq4", &hooks, NULL, &err), -ENOSPC);
+		struct stat st;
+		ck_assert_int_eq(fstatat(dir, "keep.tkvs.tmp", &st, 0), -1);
+		size_t l2;
+		uint8_t *now = file_read(dir, "keep.tkvs", &l2);
+		ck_assert_uint_eq(l1, l2);
+		ck_assert(memcmp(old, now, l1) == 0);
+		free(now);
+	}
+	SessionExpect e = expect_of(plan);
+	SessionState *r = NULL;
+	ck_assert_int_eq(session_load_at(dir, "keep.tkvs", &e, &r, &err), 0);
+	ck_assert_int_ne(r->tokens[0], s->tokens[0]);
+	session_state_free(r);
+	free(old);
+	session_state_free(s);
+	kvplan_free(plan);
+	close(dir);
+}
+END_TEST
+
+START_TEST(test_not_a_file)
+{
+	int dir = dir_open();
+	SessionExpect e = expect_of(NULL);
+	SessionState *r = NULL;
+	ck_assert_int_eq(session_load_at(dir, "missing.tkvs", &e, &r, NULL), -ENOENT);
+	ck_assert_int_eq(session_read("NOTASESSION", 11, &e, &r, NULL), SESSION_E_MAGIC);
+	ck_assert_int_eq(session_read("TKVS", 4, &e, &r, NULL), SESSION_E_TRUNCATED);
+	close(dir);
+}
+END_TEST
+
+/*
+ * With TKV_SESSION_CORPUS=DIR: write the fuzz target's seed corpus
+ * (tests/fuzz/corpus/session) there. Otherwise a no-op.
+ */
+START_TEST(test_write_corpus)
+{
+	const char *out = getenv("TKV_SESSION_CORPUS");
+	static const struct {
+		const char *spec, *file;
+		int64_t n;
+	} seeds[] = {
+		{ NULL, "f32-5", 5 }, { "q8_0", "q8_0-33", 33 }, { "tq4", "tq4-40", 40 },
+		{ "tq4+qjl:tq3.5o", "tq4qjl-tq3.5o-10", 10 },
+	};
+	if (!out)
+		return;
+	int dir = open(out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	ck_assert_int_ge(dir, 0);
+	for (size_t i = 0; i < ARRAY_SIZE(seeds); i++) {
+		uint64_t rng = 0x5e55 + i;
+		KvPlan *plan = NULL;
+		KvCache *kv = cache_filled(seeds[i].spec, &plan, seeds[i].n, &rng);
+		SessionState *s = state_new(kv, (size_t)seeds[i].n + 1, &rng);
+		if (i == 0) {
+			s->kind = SESSION_KIND_RAW;
+			for (size_t m = 0; m < s->n_messages; m++)
+				free(s->messages[m].text);
+			s->n_messages = 0;
+		}
+		ck_assert_int_eq(session_save_at(dir, seeds[i].file, s, FP, seeds[i].spec ? seeds[i].spec : "f32",
+						 NULL, NULL, NULL), 0);
+		session_state_free(s);
+		kvplan_free(plan);
+	}
+	close(dir);
+}
+END_TEST
+
+static Suite *session_suite(void)
+{
+	Suite *s = suite_create("session");
+	TCase *tc = tcase_create("core");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_crc32c_vectors);
+	tcase_add_test(tc, test_crc32c_random);
+	tcase_add_test(tc, test_fingerprint);
+	tcase_add_loop_test(tc, test_round_trip, 0, ARRAY_SIZE(round_specs));
+	tcase_add_test(tc, test_rewound_raw);
+	tcase_add_test(tc, test_flip_every_byte);
+	tcase_add_test(tc, test_truncate_every_offset);
+	tcase_add_test(tc, test_mismatch);
+	tcase_add_test(tc, test_enospc_keeps_old);
+	tcase_add_test(tc, test_not_a_file);
+	tcase_add_test(tc, test_write_corpus);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test-session-XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return 1;
+	int r = test_run_suite(session_suite());
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", tmpdir);
+	return r;
+}
