@@ -18,7 +18,7 @@
 
 typedef enum Key {
 	KEY_MODEL, KEY_KV, KEY_DEVICE, KEY_THREADS, KEY_CTX, KEY_SOCKET, KEY_STATE_DIR,
-	KEY_SESSION_MEMORY, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
+	KEY_SESSION_MEMORY, KEY_SESSION_MAX, KEY_SESSION_DISK, KEY_CLIENT_BUFFER, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
 } Key;
 
 /* Name as flag (--name), file key (name) and environment (TURBOKV_NAME, '-' as '_'). */
@@ -26,6 +26,8 @@ static const char *const key_names[_KEY_MAX] = {
 	[KEY_MODEL] = "model", [KEY_KV] = "kv", [KEY_DEVICE] = "device",
 	[KEY_THREADS] = "threads", [KEY_CTX] = "ctx", [KEY_SOCKET] = "socket",
 	[KEY_STATE_DIR] = "state-dir", [KEY_SESSION_MEMORY] = "session-memory",
+	[KEY_CLIENT_BUFFER] = "client-buffer",
+	[KEY_SESSION_MAX] = "session-max", [KEY_SESSION_DISK] = "session-disk",
 	[KEY_CONFIG] = "config", [KEY_HELP] = "help", [KEY_VERSION] = "version",
 };
 
@@ -41,6 +43,10 @@ void config_usage(void)
 	       "  --socket PATH          socket to listen on when not socket-activated\n"
 	       "  --state-dir DIR        where sessions are saved\n"
 	       "  --session-memory BYTES memory budget of sessions (K, M, G suffixes)\n"
+	       "  --session-max N        sessions per user (default 64)\n"
+	       "  --session-disk BYTES   disk space of one user's sessions (default 8G)\n"
+	       "  --client-buffer BYTES  replies held for a client that does not read, before\n"
+	       "                         the daemon pauses its requests (4K..64M, default 256K)\n"
 	       "  --config FILE          read key=value settings from FILE\n"
 	       "  --help, --version\n\n"
 	       "Each setting may also come from TURBOKV_<NAME> in the environment\n"
@@ -159,6 +165,21 @@ static int config_set(Config *c, Key key, const char *value, const char *where, 
 			return error_set(err, CONFIG_E_USAGE,
 					 "%s: '%s' is not a byte count (digits with an optional K, M, G or T)", where, value);
 		break;
+	case KEY_SESSION_MAX:
+		if (parse_int(value, 1, 4096, &v) < 0)
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not an integer in [1, 4096]", where, value);
+		c->session_max = (unsigned)v;
+		break;
+	case KEY_SESSION_DISK:
+		if (parse_bytes(value, &c->session_disk) < 0)
+			return error_set(err, CONFIG_E_USAGE,
+					 "%s: '%s' is not a byte count (digits with an optional K, M, G or T)", where, value);
+		break;
+	case KEY_CLIENT_BUFFER:
+		if (parse_bytes(value, &c->client_buffer) < 0 || c->client_buffer < CONFIG_CLIENT_BUFFER_MIN ||
+		    c->client_buffer > CONFIG_CLIENT_BUFFER_MAX)
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not a byte count in [4K, 64M]", where, value);
+		break;
 	case KEY_CONFIG:
 		r = set_string(&c->config_path, value);
 		break;
@@ -264,6 +285,9 @@ static int config_defaults(Config *c)
 	c->threads = (int)(n < 1 ? 1 : n > 8 ? 8 : n);
 	c->device = CONFIG_DEVICE_AUTO;
 	c->session_memory = 1ull << 30;
+	c->session_max = 64;
+	c->session_disk = 8ull << 30;
+	c->client_buffer = 256u * 1024;
 	model_default_path(buf, sizeof(buf));
 	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, "f32") < 0)
 		return -ENOMEM;
@@ -303,6 +327,9 @@ int config_load(Config *c, int argc, char **argv, Error *err)
 		{ "socket", required_argument, NULL, KEY_SOCKET },
 		{ "state-dir", required_argument, NULL, KEY_STATE_DIR },
 		{ "session-memory", required_argument, NULL, KEY_SESSION_MEMORY },
+		{ "client-buffer", required_argument, NULL, KEY_CLIENT_BUFFER },
+		{ "session-max", required_argument, NULL, KEY_SESSION_MAX },
+		{ "session-disk", required_argument, NULL, KEY_SESSION_DISK },
 		{ "config", required_argument, NULL, KEY_CONFIG },
 		{ "help", no_argument, NULL, KEY_HELP },
 		{ "version", no_argument, NULL, KEY_VERSION },

@@ -14,6 +14,9 @@
  *   --socket PATH      socket=PATH         TURBOKV_SOCKET
  *   --state-dir DIR    state-dir=DIR       TURBOKV_STATE_DIR
  *   --session-memory B session-memory=B    TURBOKV_SESSION_MEMORY  bytes, K/M/G suffixes
+ *   --session-max N    session-max=N       TURBOKV_SESSION_MAX     sessions per uid, 1..4096 (64)
+ *   --session-disk B   session-disk=B      TURBOKV_SESSION_DISK    session files per uid, bytes (8G)
+ *   --client-buffer B  client-buffer=B     TURBOKV_CLIENT_BUFFER   bytes, 4K..64M (connection.h)
  *   --config FILE      -                   TURBOKV_CONFIG
  *
  * The config file holds `key = value` lines; blank lines and lines
@@ -50,11 +53,17 @@ typedef struct Config {
 	int64_t ctx;            /* 0: the model's, at most 8192 */
 	char *socket_path;
 	char *state_dir;
-	uint64_t session_memory; /* bytes; accepted, not used yet (sessions: issue 7) */
+	uint64_t session_memory; /* bytes of sessions kept in memory before the LRU ones spill to disk */
+	unsigned session_max;    /* sessions per uid */
+	uint64_t session_disk;   /* bytes of session files per uid */
+	uint64_t client_buffer;  /* bytes of replies held for a client before its requests pause */
 	char *config_path;
 	bool help;
 	bool version;
 } Config;
+
+#define CONFIG_CLIENT_BUFFER_MIN (4u * 1024)
+#define CONFIG_CLIENT_BUFFER_MAX (64u * 1024 * 1024)
 
 /* Positive codes of this module. */
 enum {

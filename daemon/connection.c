@@ -18,17 +18,24 @@
 #include "log.h"
 #include "request.h"
 #include "scheduler.h"
+#include "sessions.h"
 
 #define CONNECTION_READ_BYTES (64u * 1024)
 #define CONNECTION_READS_PER_EVENT 4 /* then let others have the loop */
 #define CONNECTION_SMALL_REPLY_BYTES 1024u /* replies up to this size are packed on the stack */
+
+/* More replies wait for the client than --client-buffer allows: pause it (connection.h). */
+static bool connection_behind(const Connection *c)
+{
+	return frame_writer_pending(c->writer) > c->manager->config->client_buffer;
+}
 
 static void connection_update_events(Connection *c)
 {
 	uint32_t ev = 0;
 	if (c->dead || !c->io)
 		return;
-	if (!c->closing && frame_writer_pending(c->writer) <= CONNECTION_MAX_PENDING)
+	if (!c->closing && !connection_behind(c))
 		ev |= EPOLLIN;
 	if (frame_writer_pending(c->writer) > 0)
 		ev |= EPOLLOUT;
@@ -40,6 +47,7 @@ static void connection_kill(Connection *c)
 	if (c->dead)
 		return;
 	c->dead = true;
+	c->manager->n_dead++;
 	if (c->io)
 		(void)sd_event_source_set_enabled(c->io, SD_EVENT_OFF);
 }
@@ -49,7 +57,7 @@ static void connection_flush(Connection *c)
 {
 	if (c->dead)
 		return;
-	bool was_blocked = frame_writer_pending(c->writer) > CONNECTION_MAX_PENDING;
+	bool was_blocked = connection_behind(c);
 	int r = frame_writer_flush(c->writer, c->fd);
 	if (r < 0 && r != -EAGAIN) {
 		log_debug("client %llu: write failed: %s", (unsigned long long)c->id, strerror(-r));
@@ -61,7 +69,7 @@ static void connection_flush(Connection *c)
 		return;
 	}
 	connection_update_events(c);
-	if (was_blocked && frame_writer_pending(c->writer) <= CONNECTION_MAX_PENDING)
+	if (was_blocked && !connection_behind(c))
 		scheduler_wake(c->manager->scheduler);
 }
 
@@ -118,7 +126,7 @@ void connection_send_error(Connection *c, uint64_t request_id, int code, const c
 
 bool connection_writable(const Connection *c)
 {
-	return !c->dead && !c->closing && frame_writer_pending(c->writer) <= CONNECTION_MAX_PENDING;
+	return !c->dead && !c->closing && !connection_behind(c);
 }
 
 static Request *connection_find(Connection *c, uint64_t id, size_t *ret_index)
@@ -137,12 +145,10 @@ void connection_request_done(Connection *c, Request *r)
 	size_t i;
 	if (!connection_find(c, r->id, &i))
 		return;
+	if (c->manager->scheduler)
+		scheduler_remove(c->manager->scheduler, r);
 	memmove(c->requests + i, c->requests + i + 1, (c->n_requests - i - 1) * sizeof(Request *));
 	c->n_requests--;
-	if (c->rr > i)
-		c->rr--;
-	if (c->rr >= c->n_requests)
-		c->rr = 0;
 	request_free(r);
 }
 
@@ -189,6 +195,8 @@ static void connection_send_status(Connection *c, uint64_t id)
 	s.requests_active = scheduler_n_active(m->scheduler);
 	s.requests_queued = scheduler_n_queued(m->scheduler);
 	s.session_memory_budget_bytes = m->config->session_memory;
+	s.sessions_in_memory = sessions_n_in_memory(m->sessions);
+	s.session_memory_bytes = sessions_memory_bytes(m->sessions);
 	s.kv_bits_per_value = m->kv_bits_per_value;
 	s.tokens_generated = m->tokens_generated;
 	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_STATUS_REPLY;
@@ -222,7 +230,7 @@ static void connection_generate(Connection *c, const Turbokv__V1__Generate *g, i
 		return;
 	}
 	c->requests[c->n_requests++] = r;
-	scheduler_wake(m->scheduler);
+	scheduler_add(m->scheduler, r);
 }
 
 static void connection_cancel(Connection *c, uint64_t id)
@@ -250,23 +258,16 @@ static void connection_dispatch(Connection *c, const Turbokv__V1__ClientMessage 
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_STATUS:
 		connection_send_status(c, msg->status->request_id);
 		break;
-	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_LIST: {
-		/* Sessions come with issue 7; until then nobody has any. */
-		Turbokv__V1__ServerMessage reply = TURBOKV__V1__SERVER_MESSAGE__INIT;
-		Turbokv__V1__SessionListReply l = TURBOKV__V1__SESSION_LIST_REPLY__INIT;
-		l.request_id = msg->session_list->request_id;
-		reply.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_SESSION_LIST_REPLY;
-		reply.session_list_reply = &l;
-		connection_send(c, &reply);
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_LIST:
+		sessions_list(c->manager->sessions, c->cred.uid, c, msg->session_list->request_id);
 		break;
-	}
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_SHOW:
-		connection_send_error(c, msg->session_show->request_id, PROTOCOL_E_SESSION_NOT_FOUND,
-				      "session '%s': sessions are not implemented yet", msg->session_show->name);
+		sessions_show(c->manager->sessions, c->cred.uid, msg->session_show->name, c,
+			      msg->session_show->request_id);
 		break;
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_DELETE:
-		connection_send_error(c, msg->session_delete->request_id, PROTOCOL_E_SESSION_NOT_FOUND,
-				      "session '%s': sessions are not implemented yet", msg->session_delete->name);
+		sessions_delete(c->manager->sessions, c->cred.uid, msg->session_delete->name, c,
+				msg->session_delete->request_id);
 		break;
 	default:
 		connection_send_error(c, 0, PROTOCOL_E_BAD_MESSAGE, "unexpected message");
@@ -410,6 +411,9 @@ int connection_new_consume_fd(Manager *m, int fd, Connection **ret)
 	c->manager = m;
 	c->fd = fd;
 	c->id = ++m->next_connection_id;
+	/* The kernel holds no more than we would: a client that does not read is paused sooner. */
+	int sndbuf = (int)m->config->client_buffer;
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 	if ((r = peercred_get(fd, &c->cred)) < 0 || (r = frame_reader_new(PROTOCOL_MAX_FRAME_BYTES, &c->reader)) < 0 ||
 	    (r = frame_writer_new(PROTOCOL_MAX_FRAME_BYTES, &c->writer)) < 0 ||
 	    (r = fd_queue_new(0, &c->fds)) < 0 ||
@@ -443,6 +447,8 @@ Connection *connection_free(Connection *c)
 	}
 	if (m->scheduler)
 		scheduler_forget(m->scheduler, c);
+	if (c->dead)
+		m->n_dead--;
 	for (size_t i = 0; i < c->n_requests; i++)
 		request_free(c->requests[i]);
 	sd_event_source_disable_unref(c->io);

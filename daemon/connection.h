@@ -8,9 +8,13 @@
  * A protocol violation is answered by Error{request_id: 0} and the
  * connection closes once that is written.
  *
- * Backpressure: when more than CONNECTION_MAX_PENDING bytes of replies
- * wait for the client to read them, the daemon stops reading its requests
- * and the scheduler stops generating for it, until it catches up.
+ * Backpressure: when more than Config.client_buffer bytes (--client-buffer,
+ * default 256 KiB) of replies wait for the client to read them, the
+ * daemon stops reading its requests and the scheduler stops generating
+ * for it: its requests keep their place and their KV cache but make no
+ * progress until it catches up; nothing is dropped. The socket's kernel
+ * send buffer is set to the same size, so what a client that never reads
+ * costs is bounded by about twice that plus one reply.
  *
  * A connection is never freed in the middle of an event: a failure marks
  * it dead and manager_gc() frees it (cancelling its requests) afterwards.
@@ -26,8 +30,6 @@
 #include "proto/protocol.h"
 
 typedef struct Request Request;
-
-#define CONNECTION_MAX_PENDING (256u * 1024)
 
 struct Connection {
 	Manager *manager;
@@ -45,7 +47,6 @@ struct Connection {
 	char client_name[64];
 	Request *requests[MANAGER_MAX_REQUESTS_PER_CLIENT]; /* in arrival order */
 	size_t n_requests;
-	size_t rr; /* next request index the scheduler looks at */
 };
 
 /* Take over an accepted socket (consumed, even on error). Returns 0 or -errno. */

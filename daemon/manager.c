@@ -17,6 +17,7 @@
 #include "log.h"
 #include "manager.h"
 #include "scheduler.h"
+#include "sessions.h"
 
 #define MANAGER_SHUTDOWN_FLUSH_USEC (2 * 1000 * 1000ull) /* how long replies may take to drain */
 
@@ -37,6 +38,7 @@ Manager *manager_free(Manager *m)
 		return NULL;
 	while (m->connections)
 		connection_free(m->connections);
+	m->sessions = sessions_free(m->sessions); /* after the requests gave their sessions back */
 	m->scheduler = scheduler_free(m->scheduler);
 	m->listener = listener_free(m->listener);
 	model_run_free(m->run);
@@ -57,7 +59,7 @@ uint64_t manager_uptime_ms(const Manager *m)
 
 void manager_gc(Manager *m)
 {
-	Connection *c = m->connections;
+	Connection *c = m->n_dead > 0 ? m->connections : NULL;
 	while (c) {
 		Connection *next = c->next;
 		if (c->dead) {
@@ -123,29 +125,6 @@ static int manager_setup_events(Manager *m)
 	return 0;
 }
 
-/* A 64-bit FNV-1a-style hash of the whole model file, so clients can tell models apart. */
-static int model_fingerprint(const char *path, char out[17])
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	uint64_t h = 0xcbf29ce484222325ull;
-	_cleanup_(freep) uint8_t *buf = malloc(1 << 20);
-	ssize_t n;
-
-	if (fd < 0)
-		return -errno;
-	if (!buf) {
-		safe_close(fd);
-		return -ENOMEM;
-	}
-	while ((n = read(fd, buf, 1 << 20)) > 0)
-		for (ssize_t i = 0; i < n; i++)
-			h = (h ^ buf[i]) * 0x100000001b3ull;
-	int e = n < 0 ? -errno : 0;
-	safe_close(fd);
-	snprintf(out, 17, "%016llx", (unsigned long long)h);
-	return e;
-}
-
 static int manager_load_model(Manager *m)
 {
 	const Config *cfg = m->config;
@@ -182,8 +161,9 @@ static int manager_load_model(Manager *m)
 	size_t bad;
 	if (!utf8_validate(m->model_name, strlen(m->model_name), &bad))
 		m->model_name[bad] = 0;
-	if ((r = model_fingerprint(cfg->model_path, m->fingerprint)) < 0)
-		return log_error_errno(r, "cannot read %s: %m", cfg->model_path);
+	/* Metadata and tensor table, not the weights: session files are checked against it. */
+	snprintf(m->fingerprint, sizeof(m->fingerprint), "%016llx",
+		 (unsigned long long)gguf_fingerprint(m->model->gguf));
 
 	/* bytes / max_piece_bytes is a lower bound on a text's token count. */
 	m->max_piece_bytes = 1;
@@ -248,6 +228,8 @@ int manager_startup(Manager *m)
 		return log_error_errno(r < 0 ? r : -ENOMEM, "cannot allocate activations: %m");
 	if ((r = scheduler_new(m, &m->scheduler)) < 0)
 		return log_error_errno(r, "cannot set up the scheduler: %m");
+	if ((r = sessions_new(m, &m->sessions)) < 0)
+		return r;
 	if ((r = listener_new(m, cfg->socket_path, &m->listener)) < 0)
 		return r;
 
@@ -273,5 +255,5 @@ void manager_shutdown(Manager *m)
 	if (!m->stopping)
 		(void)sd_notify(false, "STOPPING=1");
 	(void)sd_notify(false, "STATUS=Stopped");
-	/* Sessions are flushed here once they exist (issue 7). */
+	sessions_save_all(m->sessions);
 }

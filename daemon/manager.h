@@ -12,8 +12,9 @@
  *
  * The manager owns what every part shares: the model, the tokenizer, the
  * chat template, the thread pool, the one ModelRun (activation scratch:
- * requests are evaluated one at a time on the event-loop thread, so they
- * share it; each request owns its KvCache and Sampler), the list of
+ * all model work runs on the event-loop thread, one prefill chunk or one
+ * batched decode round at a time, so requests share it; each request
+ * owns its KvCache and Sampler), the list of
  * connections and the scheduler.
  */
 #pragma once
@@ -32,6 +33,7 @@
 typedef struct Connection Connection;
 typedef struct Listener Listener;
 typedef struct Scheduler Scheduler;
+typedef struct Sessions Sessions;
 
 /* Limits the daemon enforces on each client (sent in HelloReply). */
 #define MANAGER_MAX_REQUESTS_PER_CLIENT 8u
@@ -44,6 +46,7 @@ typedef struct Manager {
 	sd_event *event;
 	Listener *listener;
 	Scheduler *scheduler;
+	Sessions *sessions;     /* named sessions (sessions.h) */
 
 	Model *model;
 	Tokenizer *tokenizer;
@@ -56,11 +59,12 @@ typedef struct Manager {
 	int64_t n_ctx;
 	size_t max_piece_bytes; /* longest token text: bytes / this bounds a text's tokens from below */
 	char model_name[256];
-	char fingerprint[17];   /* 64-bit hash of the model file, hex */
+	char fingerprint[17];   /* gguf_fingerprint() of the model, hex */
 	const char *device_name;
 
 	Connection *connections; /* doubly linked, newest first */
 	unsigned n_connections;
+	unsigned n_dead;         /* connections marked dead, not yet freed: manager_gc() has work */
 	uint64_t next_connection_id;
 
 	uint64_t start_ns;

@@ -13,6 +13,7 @@
 #include "engine/kvstore.h"
 #include "ipc/memfd.h"
 #include "request.h"
+#include "sessions.h"
 
 /* A growable byte buffer for the text of attachments. */
 typedef struct Buf {
@@ -118,20 +119,55 @@ static void strv_free(char **v, size_t n)
 	free(v);
 }
 
+static const char *session_role_name(SessionRole role)
+{
+	return role == SESSION_ROLE_SYSTEM ? "system" : role == SESSION_ROLE_USER ? "user" : "assistant";
+}
+
+static SessionRole session_role(Turbokv__V1__Role role)
+{
+	switch (role) {
+	case TURBOKV__V1__ROLE__ROLE_SYSTEM: return SESSION_ROLE_SYSTEM;
+	case TURBOKV__V1__ROLE__ROLE_ASSISTANT: return SESSION_ROLE_ASSISTANT;
+	default: return SESSION_ROLE_USER;
+	}
+}
+
+/*
+ * The new turns as a session keeps them (texts as rendered, attachments
+ * included) into *ret_turns: texts[0..n) are handed over.
+ */
+static int chat_turns_take(const Turbokv__V1__Chat *chat, char **texts, size_t n, SessionMessage **ret_turns)
+{
+	SessionMessage *t = calloc_array(n, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		t[i].role = i < chat->n_messages ? session_role(chat->messages[i]->role) : SESSION_ROLE_USER;
+		t[i].text = TAKE_PTR(texts[i]);
+		t[i].len = strlen(t[i].text);
+	}
+	*ret_turns = t;
+	return 0;
+}
+
 /*
  * Render the chat (attachments before the last user message) into *ret
  * (malloc'd), with *ret_is_content marking the bytes that came from
  * messages and attachments: those are never parsed as special tokens.
+ * With a session, its messages (prev, n_prev) come first and the new
+ * turns are handed back in *ret_turns (n_turns).
  */
-static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att, char **ret,
-		      uint8_t **ret_is_content, Error *err)
+static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att, const SessionMessage *prev,
+		      size_t n_prev, char **ret, uint8_t **ret_is_content, SessionMessage **ret_turns,
+		      size_t *ret_n_turns, Error *err)
 {
 	size_t n = chat->n_messages, last_user = SIZE_MAX;
 	for (size_t i = 0; i < n; i++)
 		if (chat->messages[i]->role == TURBOKV__V1__ROLE__ROLE_USER)
 			last_user = i;
 	bool extra = att->len > 0 && last_user == SIZE_MAX;
-	ChatMessage *msgs = calloc_array(n + 1, sizeof(*msgs));
+	ChatMessage *msgs = calloc_array(n_prev + n + 1, sizeof(*msgs));
 	char **texts = calloc_array(n + 1, sizeof(char *));
 	int r = 0;
 
@@ -154,13 +190,30 @@ static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att,
 		texts[i][pre + c->len] = 0;
 		msgs[i] = (ChatMessage){ .role = role_name(chat->messages[i]->role), .content = texts[i] };
 	}
-	if (r == 0 && extra)
-		msgs[n++] = (ChatMessage){ .role = "user", .content = att->data };
+	if (r == 0 && extra) {
+		if ((texts[n] = strdup(att->data))) {
+			msgs[n] = (ChatMessage){ .role = "user", .content = texts[n] };
+			n++;
+		} else
+			r = -ENOMEM;
+	}
+	if (r == 0 && n_prev) {
+		/* the session's history first */
+		memmove(msgs + n_prev, msgs, n * sizeof(*msgs));
+		for (size_t i = 0; i < n_prev; i++)
+			msgs[i] = (ChatMessage){ .role = session_role_name(prev[i].role), .content = prev[i].text };
+	}
 	if (r == 0) {
-		r = chat_render_marked(m->chat_template, msgs, n, m->default_system, ret, ret_is_content,
+		r = chat_render_marked(m->chat_template, msgs, n_prev + n, m->default_system, ret, ret_is_content,
 				       err);
 		if (r > 0)
 			r = error_set(err, PROTOCOL_E_BAD_MESSAGE, "chat: %s", err->msg);
+		if (r == 0 && ret_turns) {
+			if ((r = chat_turns_take(chat, texts, n, ret_turns)) < 0)
+				error_set(err, r, "out of memory");
+			else
+				*ret_n_turns = n;
+		}
 	} else
 		error_set(err, r, "out of memory");
 	strv_free(texts, chat->n_messages + 1);
@@ -178,10 +231,25 @@ static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate 
 	size_t len;
 	int k;
 
+	const SessionState *st = r->session ? session_state(r->session) : NULL;
+	bool chat = g->input_case == TURBOKV__V1__GENERATE__INPUT_CHAT;
+	size_t n_prev = 0; /* raw sessions: token ids that go before the new text's */
+
+	r->session_kind = chat ? SESSION_KIND_CHAT : SESSION_KIND_RAW;
+	if (st && st->n_tokens > 0 && st->kind != (SessionKind)r->session_kind) {
+		k = error_set(err, PROTOCOL_E_BAD_MESSAGE, "session '%s' holds a %s conversation; continue it with %s",
+			      g->session, st->kind == SESSION_KIND_CHAT ? "chat" : "raw text",
+			      st->kind == SESSION_KIND_CHAT ? "chat messages" : "raw_prompt");
+		goto out;
+	}
+	if (st && !chat)
+		n_prev = st->n_tokens;
 	if ((k = attachments_read(m, g, fds, &att, err)) != 0)
 		goto out;
-	if (g->input_case == TURBOKV__V1__GENERATE__INPUT_CHAT) {
-		if ((k = chat_build(m, g->chat, &att, &text, &is_content, err)) != 0)
+	if (chat) {
+		if ((k = chat_build(m, g->chat, &att, st ? st->messages : NULL, st ? st->n_messages : 0, &text,
+				    &is_content, r->session ? (SessionMessage **)&r->turns : NULL, &r->n_turns,
+				    err)) != 0)
 			goto out;
 		len = strlen(text);
 	} else {
@@ -214,8 +282,14 @@ static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate 
 		k = k < 0 ? k : -ENOMEM;
 		goto out;
 	}
-	bool bos = tokenizer_add_bos(m->tokenizer) && tokenizer_bos(m->tokenizer) >= 0;
-	r->cap = n + bos + 64;
+	bool bos = n_prev == 0 && tokenizer_add_bos(m->tokenizer) && tokenizer_bos(m->tokenizer) >= 0;
+	if (n_prev > (size_t)m->n_ctx * 2) {
+		free(ids);
+		k = error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW, "session '%s' holds %zu tokens, more than the context",
+			      g->session, n_prev);
+		goto out;
+	}
+	r->cap = n_prev + n + bos + 64;
 	r->tokens = malloc_array(r->cap, sizeof(int32_t));
 	if (!r->tokens) {
 		free(ids);
@@ -224,9 +298,11 @@ static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate 
 	}
 	if (bos)
 		r->tokens[0] = tokenizer_bos(m->tokenizer);
-	memcpy(r->tokens + bos, ids, n * sizeof(int32_t));
+	if (n_prev)
+		memcpy(r->tokens, st->tokens, n_prev * sizeof(int32_t));
+	memcpy(r->tokens + n_prev + bos, ids, n * sizeof(int32_t));
 	free(ids);
-	r->n_prompt = r->n_tokens = n + bos;
+	r->n_prompt = r->n_tokens = n_prev + n + bos;
 	k = 0;
 out:
 	buf_done(&att);
@@ -239,14 +315,15 @@ static int request_check_context(Request *r, Manager *m, const Turbokv__V1__Gene
 	int64_t room = m->n_ctx - (int64_t)r->n_prompt;
 	if (r->n_prompt == 0)
 		return error_set(err, PROTOCOL_E_BAD_MESSAGE, "the prompt is empty");
-	if (room >= 1 && (g->context_policy != TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_ERROR ||
+	/* TRUNCATE_OLDEST is not implemented: refused wherever ERROR would refuse, nothing dropped. */
+	if (room >= 1 && (g->context_policy == TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_STOP_AT_LIMIT ||
 			  g->max_tokens == 0 || (int64_t)g->max_tokens <= room))
 		return 0;
 	if (g->context_policy == TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST)
-		return error_set(err, PROTOCOL_E_BAD_MESSAGE,
-				 "the prompt (%zu tokens) does not fit the context of %lld tokens, and "
-				 "CONTEXT_POLICY_TRUNCATE_OLDEST is not implemented yet",
-				 r->n_prompt, (long long)m->n_ctx);
+		return error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW,
+				 "the prompt (%zu tokens) and max_tokens (%u) do not fit the context of %lld tokens; "
+				 "CONTEXT_POLICY_TRUNCATE_OLDEST is not implemented by this daemon, nothing was dropped",
+				 r->n_prompt, g->max_tokens, (long long)m->n_ctx);
 	if (room < 1)
 		return error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW,
 				 "the prompt has %zu tokens; the context holds %lld (and one more is needed to answer)",
@@ -320,11 +397,9 @@ int request_new_consume_fds(Manager *m, Connection *c, const Turbokv__V1__Genera
 	r->state = REQUEST_QUEUED;
 	r->max_tokens = g->max_tokens;
 	r->t_received = now_ns();
-	if (g->session && g->session[0]) {
-		k = error_set(err, PROTOCOL_E_SESSION_NOT_FOUND,
-			      "session '%s': sessions are not implemented yet", g->session);
+	if (g->session && g->session[0] &&
+	    (k = sessions_acquire(m->sessions, c->cred.uid, g->session, &r->session, err)) != 0)
 		goto out;
-	}
 	if ((k = request_tokenize(r, m, g, fds, err)) != 0 || (k = request_check_context(r, m, g, err)) != 0)
 		goto out;
 	if ((k = request_sampling(r, g->sampling)) < 0 || (k = request_copy_stops(r, g)) < 0) {
@@ -341,6 +416,52 @@ out:
 	return k;
 }
 
+/* The request's answer as text: the pieces of its generated tokens. NULL on -ENOMEM. */
+static char *request_answer(const Request *r, Manager *m, size_t *ret_len)
+{
+	size_t len = 0, plen;
+	for (size_t i = r->n_prompt; i < r->n_tokens; i++) {
+		tokenizer_piece(m->tokenizer, r->tokens[i], &plen);
+		len += plen;
+	}
+	char *t = malloc(len + 1), *p = t;
+	if (!t)
+		return NULL;
+	for (size_t i = r->n_prompt; i < r->n_tokens; i++) {
+		const char *piece = tokenizer_piece(m->tokenizer, r->tokens[i], &plen);
+		memcpy(p, piece, plen);
+		p += plen;
+	}
+	*p = 0;
+	*ret_len = len;
+	return t;
+}
+
+/*
+ * Give the session back: once the request ran, its cache, token ids, new
+ * turns and answer (chat) become the session's; otherwise nothing changes.
+ */
+static void request_session_release(Request *r)
+{
+	Manager *m = r->conn->manager;
+	SessionMessage *turns = TAKE_PTR(r->turns);
+	size_t n_turns = r->n_turns;
+
+	r->n_turns = 0;
+	if (r->kv && r->session_kind == SESSION_KIND_CHAT && r->n_generated > 0) {
+		size_t len = 0;
+		char *answer = request_answer(r, m, &len);
+		SessionMessage *t = answer && !memchr(answer, 0, len) ? realloc(turns, (n_turns + 1) * sizeof(*t)) : NULL;
+		if (t) {
+			turns = t;
+			turns[n_turns++] = (SessionMessage){ .role = SESSION_ROLE_ASSISTANT, .text = answer, .len = len };
+		} else
+			free(answer);
+	}
+	sessions_release(m->sessions, TAKE_PTR(r->session), TAKE_PTR(r->kv), r->tokens, r->n_tokens,
+			 (SessionKind)r->session_kind, turns, n_turns);
+}
+
 Request *request_free(Request *r)
 {
 	if (!r)
@@ -350,6 +471,11 @@ Request *request_free(Request *r)
 	free(r->stops);
 	free(r->stop_lens);
 	text_stream_done(&r->stream);
+	if (r->session)
+		request_session_release(r);
+	for (size_t i = 0; i < r->n_turns; i++)
+		free(r->turns[i].text);
+	free(r->turns);
 	kvcache_free(r->kv);
 	sampler_free(r->sampler);
 	free(r->logits);
@@ -358,15 +484,40 @@ Request *request_free(Request *r)
 	return NULL;
 }
 
+/*
+ * Reuse the session's cache for the longest common token prefix of what
+ * it holds and the prompt, minus at least the prompt's last token (its
+ * logits are needed). Returns 1 if there was a cache to reuse.
+ */
+static int request_session_reuse(Request *r)
+{
+	const SessionState *st = session_state(r->session);
+	KvCache *kv = session_take_kv(r->session);
+	if (!kv)
+		return 0;
+	size_t n_kv = (size_t)kvcache_n_tokens(kv), keep = 0;
+	size_t limit = MIN(MIN(n_kv, st->n_tokens), r->n_prompt - 1);
+	while (keep < limit && st->tokens[keep] == r->tokens[keep])
+		keep++;
+	kvcache_set_n_tokens(kv, (int64_t)keep); /* rewind to the divergence point */
+	r->kv = kv;
+	r->n_prefilled = r->n_cached = keep;
+	return 1;
+}
+
 int request_activate(Request *r, Manager *m)
 {
 	/* Room for the prompt and the answer: a request with max_tokens needs no more than that. */
 	int64_t cap = r->max_tokens ? MIN(m->n_ctx, (int64_t)r->n_prompt + r->max_tokens) : m->n_ctx;
-	KvCacheShape shape = model_kv_shape(m->model, cap);
 	int k;
 
 	assert(r->state == REQUEST_QUEUED);
-	if (m->kv_plan)
+	if (r->session)
+		cap = m->n_ctx; /* the session goes on after this request */
+	KvCacheShape shape = model_kv_shape(m->model, cap);
+	if (r->session && request_session_reuse(r))
+		k = 0;
+	else if (m->kv_plan)
 		k = kvcache_new_quant(&shape, m->kv_plan, r->sampling.seed, &r->kv, NULL);
 	else
 		k = kvcache_new_f32(&shape, &r->kv);
@@ -401,7 +552,7 @@ static void request_send_done(Request *r, Turbokv__V1__FinishReason reason)
 	d.request_id = r->id;
 	d.finish_reason = reason;
 	d.prompt_tokens = (uint32_t)r->n_prompt;
-	d.cached_tokens = 0;
+	d.cached_tokens = (uint32_t)r->n_cached;
 	d.completion_tokens = r->n_generated;
 	d.prefill_ms = r->prefill_ns / 1e6;
 	d.decode_ms = r->decode_ns / 1e6;
@@ -414,7 +565,7 @@ static void request_send_done(Request *r, Turbokv__V1__FinishReason reason)
 /* Send what the stream still holds, then Done. Returns 1 (finished). */
 static int request_finish(Request *r, Turbokv__V1__FinishReason reason)
 {
-	_cleanup_(freep) char *delta = NULL;
+	const char *delta = NULL;
 	size_t len = 0;
 	if (reason != TURBOKV__V1__FINISH_REASON__FINISH_REASON_STOP_STRING &&
 	    text_stream_flush(&r->stream, &delta, &len) == 0 && len > 0)
@@ -432,47 +583,25 @@ static int request_fail(Request *r, int k)
 	return 1;
 }
 
-static int request_prefill(Request *r, Manager *m)
+int request_decode_fail(Request *r, int k)
 {
-	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
-	Turbokv__V1__Progress p = TURBOKV__V1__PROGRESS__INIT;
-	size_t n = MIN((size_t)MANAGER_PREFILL_CHUNK, r->n_prompt - r->n_prefilled);
-	uint64_t t0 = now_ns();
-	int k = model_eval(m->model, m->run, r->kv, r->tokens + r->n_prefilled, (int64_t)n, r->logits, NULL);
-	r->prefill_ns += now_ns() - t0;
-	if (k != 0)
-		return request_fail(r, k);
-	r->n_prefilled += n;
-	p.request_id = r->id;
-	p.prefilled_tokens = (uint32_t)r->n_prefilled;
-	p.total_tokens = (uint32_t)r->n_prompt;
-	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_PROGRESS;
-	msg.progress = &p;
-	connection_send(r->conn, &msg);
-	if (r->n_prefilled == r->n_prompt)
-		r->state = REQUEST_DECODE;
+	return request_fail(r, k);
+}
+
+int request_decode_input(Request *r, int32_t *ret_token)
+{
+	assert(r->state == REQUEST_DECODE && r->n_tokens > r->n_prompt);
+	if (kvcache_n_tokens(r->kv) >= r->kv->shape.capacity)
+		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
+	*ret_token = r->tokens[r->n_tokens - 1];
 	return 0;
 }
 
-/*
- * One token: evaluate the previous one (its logits are needed), sample,
- * stream. The first token is sampled from the prefill's logits in the
- * prefill's own step, so time-to-first-token is one prefill and no more.
- */
-static int request_decode(Request *r, Manager *m)
+int request_decode_output(Request *r, Manager *m, float *logits, uint64_t eval_ns)
 {
 	uint64_t t0 = now_ns();
-	int k;
-
-	if (r->n_tokens > r->n_prompt) {
-		if (kvcache_n_tokens(r->kv) >= r->kv->shape.capacity)
-			return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
-		k = model_eval(m->model, m->run, r->kv, &r->tokens[r->n_tokens - 1], 1, r->logits, NULL);
-		if (k != 0)
-			return request_fail(r, k);
-	}
-	int32_t next = sampler_sample(r->sampler, r->logits, r->tokens, r->n_tokens);
-	r->decode_ns += now_ns() - t0;
+	int32_t next = sampler_sample(r->sampler, logits, r->tokens, r->n_tokens);
+	r->decode_ns += eval_ns + (now_ns() - t0);
 	if (tokenizer_is_eog(m->tokenizer, next))
 		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_STOP);
 
@@ -490,11 +619,11 @@ static int request_decode(Request *r, Manager *m)
 
 	size_t plen, len;
 	const char *piece = tokenizer_piece(m->tokenizer, next, &plen);
-	_cleanup_(freep) char *delta = NULL;
-	k = text_stream_push(&r->stream, piece, plen, &delta, &len);
+	const char *delta;
+	int k = text_stream_push(&r->stream, piece, plen, &delta, &len);
 	if (k < 0)
 		return request_fail(r, k);
-	request_send_token(r, delta, len, next);
+	request_send_token(r, delta, len, next); /* every token, even with an empty delta: clients count them */
 	if (k == 1)
 		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_STOP_STRING);
 	if (r->max_tokens && r->n_generated >= r->max_tokens)
@@ -502,19 +631,31 @@ static int request_decode(Request *r, Manager *m)
 	return 0;
 }
 
-int request_step(Request *r, Manager *m)
+int request_prefill(Request *r, Manager *m, size_t max_tokens)
 {
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__Progress p = TURBOKV__V1__PROGRESS__INIT;
+	size_t n = MIN(max_tokens, r->n_prompt - r->n_prefilled);
+	uint64_t t0 = now_ns();
 	int k;
-	switch (r->state) {
-	case REQUEST_PREFILL:
-		if ((k = request_prefill(r, m)) != 0 || r->state != REQUEST_DECODE)
-			return k;
-		return request_decode(r, m);
-	case REQUEST_DECODE:
-		return request_decode(r, m);
-	default:
+
+	assert(r->state == REQUEST_PREFILL && n > 0);
+	k = model_eval(m->model, m->run, r->kv, r->tokens + r->n_prefilled, (int64_t)n, r->logits, NULL);
+	r->prefill_ns += now_ns() - t0;
+	if (k != 0)
+		return request_fail(r, k);
+	r->n_prefilled += n;
+	p.request_id = r->id;
+	p.prefilled_tokens = (uint32_t)r->n_prefilled;
+	p.total_tokens = (uint32_t)r->n_prompt;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_PROGRESS;
+	msg.progress = &p;
+	connection_send(r->conn, &msg);
+	if (r->n_prefilled < r->n_prompt)
 		return 0;
-	}
+	/* The first token comes from the prefill's logits, in this step: TTFT is the prefill and no more. */
+	r->state = REQUEST_DECODE;
+	return request_decode_output(r, m, r->logits, 0);
 }
 
 void request_cancel(Request *r, bool shutting_down)

@@ -24,8 +24,21 @@
  * Context: a prompt that does not fit the context, or (with
  * CONTEXT_POLICY_ERROR and max_tokens > 0) that leaves less than
  * max_tokens of room, is refused with CONTEXT_OVERFLOW before anything
- * runs. Nothing is ever truncated; CONTEXT_POLICY_TRUNCATE_OLDEST is not
- * implemented yet and is refused with BAD_MESSAGE when it would apply.
+ * runs. Nothing is ever truncated: CONTEXT_POLICY_TRUNCATE_OLDEST is not
+ * implemented, and a request with it is refused with CONTEXT_OVERFLOW
+ * exactly where CONTEXT_POLICY_ERROR would refuse it (the message names
+ * the policy); one that fits runs normally (Done.dropped_tokens 0).
+ *
+ * Sessions: a Generate naming a session continues it. A chat session
+ * keeps its messages (the assistant's answers as generated text): the
+ * prompt is the template's rendering of those plus the request's new
+ * turns; a raw session's prompt is its token ids so far plus the new
+ * text's. The session's KV cache is reused for the longest common token
+ * prefix of what it holds and the new prompt (never all of it: the last
+ * prompt token is always evaluated, for its logits), rewound there with
+ * kvcache_set_n_tokens(), and only the rest is prefilled
+ * (Done.cached_tokens). When the request ends, however it ends once it
+ * has run, its cache, token ids, turns and answer go back to the session.
  */
 #pragma once
 
@@ -41,7 +54,7 @@
 typedef enum RequestState {
 	REQUEST_QUEUED,   /* waiting for a slot: no KV cache yet */
 	REQUEST_PREFILL,  /* evaluating the prompt, a chunk per step */
-	REQUEST_DECODE,   /* generating, a token per step */
+	REQUEST_DECODE,   /* generating, a token per batched decode round */
 } RequestState;
 
 struct Request {
@@ -67,6 +80,13 @@ struct Request {
 
 	uint64_t t_received, t_first_token;
 	uint64_t prefill_ns, decode_ns;
+
+	/* A named session (sessions.h): acquired at creation, given back by request_free(). */
+	struct Session *session;
+	size_t n_cached;        /* prompt tokens reused from the session's cache */
+	int session_kind;       /* SessionKind of this request's input */
+	struct SessionMessage *turns; /* (n_turns,) this request's chat turns, for the session */
+	size_t n_turns;
 };
 
 /*
@@ -82,11 +102,27 @@ Request *request_free(Request *r);
 int request_activate(Request *r, Manager *m);
 
 /*
- * One unit of work (a prefill chunk or a token), sending what it
- * produces. Returns 0 if the request goes on, 1 if it has sent its Done
- * or Error and is finished.
+ * Stepping, driven by the scheduler. Each returns 0 if the request goes
+ * on, 1 if it has sent its Done or Error and is finished.
+ *
+ * request_prefill(): evaluate up to max_tokens more prompt tokens
+ * (PREFILL), send Progress; when the prompt is done the request turns
+ * DECODE and its first token is sampled and sent in the same call, so
+ * time to first token is the prefill and no more.
+ *
+ * Decode is split around one model_eval_batch() for all decoding
+ * requests: request_decode_input() gives the token r needs evaluated
+ * (its last one), or finishes r when its cache is full;
+ * request_decode_output() samples the next token from that
+ * evaluation's logits (n_vocab,) (the sampler may modify them), streams
+ * it and checks stop strings and limits; eval_ns is the batch's time.
+ * request_decode_fail() ends r because the batch failed with k (an
+ * engine code or -errno).
  */
-int request_step(Request *r, Manager *m);
+int request_prefill(Request *r, Manager *m, size_t max_tokens);
+int request_decode_input(Request *r, int32_t *ret_token);
+int request_decode_output(Request *r, Manager *m, float *logits, uint64_t eval_ns);
+int request_decode_fail(Request *r, int k);
 
 /*
  * End the request now because of a Cancel (Done(CANCELLED), or

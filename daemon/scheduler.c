@@ -1,8 +1,13 @@
 /*
- * scheduler.c: one step of model work per event-loop iteration, fairly
- * shared (see scheduler.h). Holds no requests itself: they live in their
- * connections; the scheduler holds the round-robin cursors.
+ * scheduler.c: rounds of model work, fairly shared (see scheduler.h).
+ *
+ * Requests live in their connections; the scheduler holds pointers: the
+ * active requests (a KV cache each, admission order) and a ring of the
+ * connections that have queued requests, taking turns for free slots.
+ * Nothing in a round walks the connection list: a round costs
+ * O(active requests) besides the model work.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,111 +20,236 @@
 struct Scheduler {
 	Manager *manager;
 	sd_event_source *defer;
-	Connection *next_step;  /* connection whose turn it is to step */
-	Connection *next_admit; /* connection whose turn it is to get a slot */
-};
 
-static unsigned count_state(const Manager *m, bool active)
-{
-	unsigned n = 0;
-	for (const Connection *c = m->connections; c; c = c->next)
-		for (size_t i = 0; i < c->n_requests; i++)
-			n += (c->requests[i]->state != REQUEST_QUEUED) == active;
-	return n;
-}
+	Request *active[MANAGER_MAX_ACTIVE_REQUESTS]; /* PREFILL or DECODE, admission order */
+	unsigned n_active;
+	unsigned n_queued;
+	size_t prefill_rr; /* index in active[] where the next prefill turn starts */
+
+	/* Connections with queued requests, each once, in turn order (a ring buffer). */
+	Connection *waiting[MANAGER_MAX_CONNECTIONS];
+	unsigned wait_head, n_waiting;
+
+	/* One decode round: the requests, their caches, tokens and logits (MAX_ACTIVE, n_vocab). */
+	Request *batch[MANAGER_MAX_ACTIVE_REQUESTS];
+	KvCache *kvs[MANAGER_MAX_ACTIVE_REQUESTS];
+	int32_t tokens[MANAGER_MAX_ACTIVE_REQUESTS];
+	float *logits;
+
+	/* For sizing prefill chunks next to decoders (see scheduler.h). */
+	uint64_t decode_round_ns;    /* the last decode round */
+	uint64_t prefill_ns_per_tok; /* running estimate, 0 until a chunk ran */
+};
 
 unsigned scheduler_n_active(const Scheduler *s)
 {
-	return count_state(s->manager, true);
+	return s ? s->n_active : 0;
 }
 
 unsigned scheduler_n_queued(const Scheduler *s)
 {
-	return count_state(s->manager, false);
+	return s ? s->n_queued : 0;
 }
 
-/* The connection after c in the ring (the list, wrapping around). */
-static Connection *ring_next(Manager *m, Connection *c)
+static bool waiting_has(const Scheduler *s, const Connection *c)
 {
-	return c && c->next ? c->next : m->connections;
+	for (unsigned i = 0; i < s->n_waiting; i++)
+		if (s->waiting[(s->wait_head + i) % MANAGER_MAX_CONNECTIONS] == c)
+			return true;
+	return false;
+}
+
+static void waiting_push(Scheduler *s, Connection *c)
+{
+	assert(s->n_waiting < MANAGER_MAX_CONNECTIONS);
+	s->waiting[(s->wait_head + s->n_waiting++) % MANAGER_MAX_CONNECTIONS] = c;
+}
+
+static Connection *waiting_pop(Scheduler *s)
+{
+	Connection *c = s->waiting[s->wait_head];
+	s->wait_head = (s->wait_head + 1) % MANAGER_MAX_CONNECTIONS;
+	s->n_waiting--;
+	return c;
+}
+
+static void waiting_remove(Scheduler *s, const Connection *c)
+{
+	unsigned n = s->n_waiting;
+	for (unsigned i = 0; i < n; i++) {
+		Connection *x = waiting_pop(s);
+		if (x != c)
+			waiting_push(s, x);
+	}
+}
+
+/* c's oldest queued request, or NULL (a connection holds at most a handful). */
+static Request *connection_oldest_queued(const Connection *c)
+{
+	for (size_t i = 0; i < c->n_requests; i++)
+		if (c->requests[i]->state == REQUEST_QUEUED)
+			return c->requests[i];
+	return NULL;
 }
 
 /* Give free slots to queued requests, connections taking turns. */
 static void scheduler_admit(Scheduler *s)
 {
 	Manager *m = s->manager;
-	unsigned active = scheduler_n_active(s);
 
-	while (active < MANAGER_MAX_ACTIVE_REQUESTS) {
-		Connection *start = s->next_admit ? s->next_admit : m->connections, *c = start;
-		Request *r = NULL;
-		if (!c)
-			return;
-		do {
-			for (size_t i = 0; !c->dead && i < c->n_requests && !r; i++)
-				if (c->requests[i]->state == REQUEST_QUEUED)
-					r = c->requests[i];
-			if (!r)
-				c = ring_next(m, c);
-		} while (!r && c != start);
+	while (s->n_active < MANAGER_MAX_ACTIVE_REQUESTS && s->n_waiting > 0) {
+		Connection *c = waiting_pop(s);
+		Request *r = c->dead ? NULL : connection_oldest_queued(c);
 		if (!r)
-			return;
-		s->next_admit = ring_next(m, c);
+			continue;
+		s->n_queued--;
 		int k = request_activate(r, m);
 		if (k != 0) {
 			log_error("cannot start request %llu of client %llu: %s", (unsigned long long)r->id,
 				  (unsigned long long)c->id, k < 0 ? strerror(-k) : "KV cache setup failed");
 			connection_send_error(c, r->id, PROTOCOL_E_INTERNAL, "cannot allocate the request's KV cache");
 			connection_request_done(c, r);
-			continue;
+		} else {
+			s->active[s->n_active++] = r;
 		}
-		active++;
+		if (connection_oldest_queued(c))
+			waiting_push(s, c);
 	}
 }
 
-/* The next active request of c whose turn it is, or NULL. */
-static Request *connection_next_runnable(Connection *c)
+void scheduler_add(Scheduler *s, Request *r)
 {
-	if (!connection_writable(c))
-		return NULL;
-	for (size_t k = 0; k < c->n_requests; k++) {
-		size_t i = (c->rr + k) % c->n_requests;
-		if (c->requests[i]->state != REQUEST_QUEUED) {
-			c->rr = (i + 1) % c->n_requests;
-			return c->requests[i];
-		}
-	}
-	return NULL;
+	assert(r->state == REQUEST_QUEUED);
+	if (!s)
+		return; /* no model (fuzz-daemon): the request stays queued */
+	s->n_queued++;
+	if (!waiting_has(s, r->conn))
+		waiting_push(s, r->conn);
+	scheduler_wake(s);
 }
 
-/* One unit of work. Returns whether there was any. */
-static bool scheduler_step(Scheduler *s)
+void scheduler_remove(Scheduler *s, Request *r)
+{
+	if (!s)
+		return;
+	if (r->state == REQUEST_QUEUED) {
+		/* The ring may still name its connection: admission skips it then. */
+		assert(s->n_queued > 0);
+		s->n_queued--;
+		return;
+	}
+	for (unsigned i = 0; i < s->n_active; i++)
+		if (s->active[i] == r) {
+			memmove(s->active + i, s->active + i + 1, (s->n_active - i - 1) * sizeof(Request *));
+			s->n_active--;
+			if (s->prefill_rr > i)
+				s->prefill_rr--;
+			/* A slot is free: let the queue in. */
+			scheduler_wake(s);
+			return;
+		}
+}
+
+/*
+ * One token for every decoding request whose client keeps up, through
+ * one model_eval_batch(). Returns whether there was any.
+ */
+static bool scheduler_decode_round(Scheduler *s)
 {
 	Manager *m = s->manager;
-	Connection *start, *c;
-	Request *r = NULL;
+	size_t n_vocab = (size_t)m->model->cfg.n_vocab;
+	int n = 0;
 
-	scheduler_admit(s);
-	start = s->next_step ? s->next_step : m->connections;
-	if (!(c = start))
+	for (unsigned i = 0; i < s->n_active; i++) {
+		Request *r = s->active[i];
+		if (r->state == REQUEST_DECODE && connection_writable(r->conn))
+			s->batch[n++] = r;
+	}
+	if (n == 0)
 		return false;
-	do {
-		if ((r = connection_next_runnable(c)))
-			break;
-		c = ring_next(m, c);
-	} while (c != start);
+
+	/* Requests whose cache is full finish here and drop out of the batch. */
+	int n_eval = 0;
+	for (int i = 0; i < n; i++) {
+		Request *r = s->batch[i];
+		if (request_decode_input(r, &s->tokens[n_eval]) != 0) {
+			connection_request_done(r->conn, r);
+			continue;
+		}
+		s->batch[n_eval] = r;
+		s->kvs[n_eval++] = r->kv;
+	}
+	if (n_eval == 0)
+		return true;
+
+	uint64_t t0 = now_ns();
+	int k = model_eval_batch(m->model, m->run, s->kvs, s->tokens, n_eval, s->logits);
+	uint64_t dt = now_ns() - t0;
+	s->decode_round_ns = dt;
+	for (int i = 0; i < n_eval; i++) {
+		Request *r = s->batch[i];
+		int done = k != 0 ? request_decode_fail(r, k)
+				  : request_decode_output(r, m, s->logits + (size_t)i * n_vocab, dt);
+		if (done)
+			connection_request_done(r->conn, r);
+	}
+	return true;
+}
+
+/*
+ * Prompt tokens for one prefill chunk: all of MANAGER_PREFILL_CHUNK when
+ * nobody decodes; next to decoders about as long as their last round took
+ * (at least SCHEDULER_PREFILL_MIN), so a long prompt neither stalls them
+ * nor is starved by them.
+ */
+static size_t scheduler_prefill_budget(const Scheduler *s, bool decoders)
+{
+	if (!decoders)
+		return MANAGER_PREFILL_CHUNK;
+	if (s->prefill_ns_per_tok == 0)
+		return SCHEDULER_PREFILL_MIN;
+	uint64_t n = s->decode_round_ns / s->prefill_ns_per_tok;
+	return (size_t)MAX((uint64_t)SCHEDULER_PREFILL_MIN, MIN(n, (uint64_t)MANAGER_PREFILL_CHUNK));
+}
+
+/* One prefill chunk of the next prefilling request (round-robin). Returns whether there was any. */
+static bool scheduler_prefill_round(Scheduler *s, bool decoders)
+{
+	Request *r = NULL;
+	for (unsigned k = 0; k < s->n_active && !r; k++) {
+		size_t i = (s->prefill_rr + k) % s->n_active;
+		if (s->active[i]->state == REQUEST_PREFILL && connection_writable(s->active[i]->conn)) {
+			r = s->active[i];
+			s->prefill_rr = i + 1;
+		}
+	}
 	if (!r)
 		return false;
-	s->next_step = ring_next(m, c);
-	if (request_step(r, m) != 0)
-		connection_request_done(c, r);
+
+	size_t n = MIN(scheduler_prefill_budget(s, decoders), r->n_prompt - r->n_prefilled);
+	uint64_t t0 = now_ns();
+	int done = request_prefill(r, s->manager, n);
+	uint64_t per = (now_ns() - t0) / n;
+	/* A short chunk costs more per token than a long one: lean on the newest. */
+	s->prefill_ns_per_tok = s->prefill_ns_per_tok ? (s->prefill_ns_per_tok + per) / 2 : per;
+	if (done)
+		connection_request_done(r->conn, r);
 	return true;
+}
+
+/* One round: admit, a decode token for everyone decoding, one prefill chunk. */
+static bool scheduler_round(Scheduler *s)
+{
+	scheduler_admit(s);
+	bool decoded = scheduler_decode_round(s);
+	bool prefilled = scheduler_prefill_round(s, decoded);
+	return decoded || prefilled;
 }
 
 static int scheduler_on_defer(sd_event_source *source, void *userdata)
 {
 	Scheduler *s = userdata;
-	if (!scheduler_step(s))
+	if (!scheduler_round(s))
 		(void)sd_event_source_set_enabled(s->defer, SD_EVENT_OFF);
 	manager_gc(s->manager);
 	return 0;
@@ -133,12 +263,19 @@ int scheduler_new(Manager *m, Scheduler **ret)
 	if (!s)
 		return -ENOMEM;
 	s->manager = m;
+	s->logits = malloc_array((size_t)MANAGER_MAX_ACTIVE_REQUESTS * (size_t)m->model->cfg.n_vocab,
+				 sizeof(float));
+	if (!s->logits) {
+		free(s);
+		return -ENOMEM;
+	}
 	r = sd_event_add_defer(m->event, &s->defer, scheduler_on_defer, s);
 	if (r < 0) {
+		free(s->logits);
 		free(s);
 		return r;
 	}
-	/* Below every I/O source: sockets are served between any two steps. */
+	/* Below every I/O source: sockets are served between any two rounds. */
 	(void)sd_event_source_set_priority(s->defer, SD_EVENT_PRIORITY_IDLE);
 	(void)sd_event_source_set_description(s->defer, "scheduler");
 	(void)sd_event_source_set_enabled(s->defer, SD_EVENT_OFF);
@@ -151,6 +288,7 @@ Scheduler *scheduler_free(Scheduler *s)
 	if (!s)
 		return NULL;
 	sd_event_source_disable_unref(s->defer);
+	free(s->logits);
 	free(s);
 	return NULL;
 }
@@ -163,8 +301,9 @@ void scheduler_wake(Scheduler *s)
 
 void scheduler_forget(Scheduler *s, Connection *c)
 {
-	if (s->next_step == c)
-		s->next_step = c->next;
-	if (s->next_admit == c)
-		s->next_admit = c->next;
+	if (!s)
+		return;
+	for (size_t i = 0; i < c->n_requests; i++)
+		scheduler_remove(s, c->requests[i]);
+	waiting_remove(s, c);
 }

@@ -16,8 +16,10 @@ void text_stream_init(TextStream *s, uint8_t **stops, size_t *stop_lens, size_t 
 void text_stream_done(TextStream *s)
 {
 	free(s->held);
+	free(s->out);
 	s->held = NULL;
-	s->n_held = s->cap = 0;
+	s->out = NULL;
+	s->n_held = s->cap = s->out_cap = 0;
 }
 
 /*
@@ -70,56 +72,73 @@ size_t utf8_complete_prefix(const uint8_t *s, size_t n)
 	return n;
 }
 
-/* Copy s[0..n) to a new string, invalid bytes (and NUL) as U+FFFD; n must be a complete prefix unless `all`. */
-static int text_sanitize(const uint8_t *s, size_t n, char **ret, size_t *ret_len)
+/*
+ * Copy held[0..n) into s->out, invalid bytes (and NUL) as U+FFFD, and
+ * keep the rest held. s->out is reused from token to token: no
+ * allocation once it has grown to the longest delta (3x a piece).
+ */
+static int text_stream_emit(TextStream *s, size_t n, const char **ret_delta, size_t *ret_len)
 {
-	size_t cap;
-	if (size_mul_overflows(n, 3, &cap) || size_add_overflows(cap, 1, &cap))
+	const uint8_t *h = s->held;
+	size_t need, o = 0;
+
+	if (size_mul_overflows(n, 3, &need) || size_add_overflows(need, 1, &need))
 		return -ENOMEM;
-	char *out = malloc(cap);
-	size_t o = 0;
-	if (!out)
-		return -ENOMEM;
+	if (need > s->out_cap) {
+		size_t cap = MAX(need, 64u);
+		char *p = realloc(s->out, cap);
+		if (!p)
+			return -ENOMEM;
+		s->out = p;
+		s->out_cap = cap;
+	}
 	for (size_t i = 0; i < n;) {
-		int l = utf8_seq(s + i, n - i);
-		if (l <= 0 || s[i] == 0) {
-			memcpy(out + o, "\xef\xbf\xbd", 3);
+		int l = utf8_seq(h + i, n - i);
+		if (l <= 0 || h[i] == 0) {
+			memcpy(s->out + o, "\xef\xbf\xbd", 3);
 			o += 3;
 			i++;
 		} else {
-			memcpy(out + o, s + i, (size_t)l);
+			memcpy(s->out + o, h + i, (size_t)l);
 			o += (size_t)l;
 			i += (size_t)l;
 		}
 	}
-	out[o] = 0;
-	*ret = out;
+	s->out[o] = 0;
+	if (n > 0)
+		memmove(s->held, s->held + n, s->n_held - n);
+	s->n_held -= n;
+	*ret_delta = s->out;
 	*ret_len = o;
 	return 0;
 }
 
-/* Emit held[0..n) and keep the rest. */
-static int text_stream_emit(TextStream *s, size_t n, char **ret_delta, size_t *ret_len)
+/*
+ * The longest tail of held[0..n) (shorter than the stop string) that is
+ * a prefix of stop: tails start at most stop_len - 1 bytes from the end.
+ */
+static size_t stop_prefix_tail(const uint8_t *held, size_t n, const uint8_t *stop, size_t stop_len)
 {
-	int r = text_sanitize(s->held, n, ret_delta, ret_len);
-	if (r < 0)
-		return r;
-	memmove(s->held, s->held + n, s->n_held - n);
-	s->n_held -= n;
+	for (size_t j = n - MIN(n, stop_len - 1); j < n; j++)
+		if (held[j] == stop[0] && memcmp(held + j, stop, n - j) == 0)
+			return n - j;
 	return 0;
 }
 
-static bool ends_with_prefix_of(const uint8_t *buf, size_t n, const uint8_t *stop, size_t stop_len, size_t k)
+/*
+ * The cost per token is linear in the new bytes and the stop strings,
+ * never in the output so far: what is held is at most the longest stop
+ * string plus an incomplete character (everything older went out), and
+ * a stop string not found before cannot start more than its length
+ * before the new bytes.
+ */
+int text_stream_push(TextStream *s, const void *piece, size_t len, const char **ret_delta, size_t *ret_len)
 {
-	/* Whether buf's last k bytes equal stop's first k bytes. */
-	return k <= n && k < stop_len && memcmp(buf + n - k, stop, k) == 0;
-}
-
-int text_stream_push(TextStream *s, const void *piece, size_t len, char **ret_delta, size_t *ret_len)
-{
-	size_t need;
-	if (s->stopped)
-		return text_sanitize(NULL, 0, ret_delta, ret_len) < 0 ? -ENOMEM : 1;
+	size_t need, old = s->n_held;
+	if (s->stopped) {
+		int r = text_stream_emit(s, 0, ret_delta, ret_len);
+		return r < 0 ? r : 1;
+	}
 	if (size_add_overflows(s->n_held, len, &need))
 		return -ENOMEM;
 	if (need > s->cap) {
@@ -130,13 +149,15 @@ int text_stream_push(TextStream *s, const void *piece, size_t len, char **ret_de
 		s->held = p;
 		s->cap = cap;
 	}
-	memcpy(s->held + s->n_held, piece, len);
+	if (len)
+		memcpy(s->held + s->n_held, piece, len);
 	s->n_held += len;
 
 	/* The earliest stop string in the held bytes ends the stream there. */
 	size_t first = SIZE_MAX;
 	for (size_t i = 0; i < s->n_stops; i++) {
-		const uint8_t *p = memmem(s->held, s->n_held, s->stops[i], s->stop_lens[i]);
+		size_t from = old - MIN(old, s->stop_lens[i] - 1);
+		const uint8_t *p = memmem(s->held + from, s->n_held - from, s->stops[i], s->stop_lens[i]);
 		if (p && (size_t)(p - s->held) < first)
 			first = (size_t)(p - s->held);
 	}
@@ -150,16 +171,12 @@ int text_stream_push(TextStream *s, const void *piece, size_t len, char **ret_de
 	/* Hold back the longest tail that could still grow into a stop string. */
 	size_t hold = 0;
 	for (size_t i = 0; i < s->n_stops; i++)
-		for (size_t k = MIN(s->n_held, s->stop_lens[i] - 1); k > hold; k--)
-			if (ends_with_prefix_of(s->held, s->n_held, s->stops[i], s->stop_lens[i], k)) {
-				hold = k;
-				break;
-			}
+		hold = MAX(hold, stop_prefix_tail(s->held, s->n_held, s->stops[i], s->stop_lens[i]));
 	size_t n = utf8_complete_prefix(s->held, s->n_held - hold);
 	return text_stream_emit(s, n, ret_delta, ret_len);
 }
 
-int text_stream_flush(TextStream *s, char **ret_delta, size_t *ret_len)
+int text_stream_flush(TextStream *s, const char **ret_delta, size_t *ret_len)
 {
 	return text_stream_emit(s, s->n_held, ret_delta, ret_len);
 }

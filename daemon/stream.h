@@ -24,6 +24,8 @@ typedef struct TextStream {
 	size_t n_stops;
 	uint8_t *held;     /* bytes generated, not yet emitted */
 	size_t n_held, cap;
+	char *out;         /* the last delta, NUL-terminated (reused) */
+	size_t out_cap;
 	bool stopped;      /* a stop string was seen: nothing more is accepted */
 } TextStream;
 
@@ -32,18 +34,20 @@ void text_stream_init(TextStream *s, uint8_t **stops, size_t *stop_lens, size_t 
 void text_stream_done(TextStream *s);
 
 /*
- * Add one token's bytes. Writes the text that may be sent now to
- * *ret_delta (malloc'd, may be empty, NUL-terminated) and its length.
- * Returns 0, 1 if a stop string was completed (the delta holds the text
- * before it; the stream is finished), or -ENOMEM.
+ * Add one token's bytes. Points *ret_delta at the text that may be sent
+ * now (owned by the stream, valid until its next call; may be empty,
+ * NUL-terminated) and writes its length. Costs O(len + stop strings),
+ * not O(output so far), and allocates nothing once warmed up. Returns 0,
+ * 1 if a stop string was completed (the delta holds the text before it;
+ * the stream is finished), or -ENOMEM.
  */
-int text_stream_push(TextStream *s, const void *piece, size_t len, char **ret_delta, size_t *ret_len);
+int text_stream_push(TextStream *s, const void *piece, size_t len, const char **ret_delta, size_t *ret_len);
 
 /*
  * The stream ends for another reason: everything held goes out, an
  * incomplete character as U+FFFD. Same outputs as text_stream_push().
  */
-int text_stream_flush(TextStream *s, char **ret_delta, size_t *ret_len);
+int text_stream_flush(TextStream *s, const char **ret_delta, size_t *ret_len);
 
 /*
  * Length of the longest prefix of s[0..n) that does not end inside a

@@ -4,7 +4,10 @@
  * Loading checks every tensor the forward pass touches (presence, type,
  * shape) so that evaluation itself never meets a surprise. The forward
  * pass is batched: a prefill of n tokens runs each weight matrix once
- * over an (n, dim) activation block; decode is the n = 1 case.
+ * over an (n, dim) activation block; decode is the n = 1 case, and
+ * model_eval_batch() decodes one token of each of n sequences in one
+ * such block (EvalSeqs says whose tokens a batch holds: only RoPE
+ * positions and attention differ per sequence).
  */
 #include <errno.h>
 #include <math.h>
@@ -364,7 +367,19 @@ struct ModelRun {
 	float *hb;   /* (B, ff_dim) gate, then swiglu */
 	float *hb2;  /* (B, ff_dim) up */
 	float *cs, *sn; /* (B, n_rot / 2) rope angles of the batch */
+	int64_t *pos;   /* (B,) position of each token of a multi-sequence batch */
 };
+
+/*
+ * Whose tokens a batch holds: either n tokens of one sequence at
+ * positions pos0 .. pos0 + n - 1 of kvs[0] (n_seq == 1), or one token of
+ * each of n sequences, token i at pos[i] of kvs[i] (n_seq == n).
+ */
+typedef struct EvalSeqs {
+	KvCache *const *kvs;  /* (n_seq,) */
+	const int64_t *pos;   /* (n_seq,) first position of each sequence's tokens */
+	int64_t n_seq;
+} EvalSeqs;
 
 ModelRun *model_run_free(ModelRun *r)
 {
@@ -380,6 +395,7 @@ ModelRun *model_run_free(ModelRun *r)
 	free(r->hb2);
 	free(r->cs);
 	free(r->sn);
+	free(r->pos);
 	free(r);
 	return NULL;
 }
@@ -406,8 +422,9 @@ int model_run_new(const Model *m, int max_batch, ThreadPool *tp, ModelRun **ret)
 	r->hb2 = malloc_array(b * c->ff_dim, sizeof(float));
 	r->cs = malloc_array(b * (c->n_rot / 2), sizeof(float));
 	r->sn = malloc_array(b * (c->n_rot / 2), sizeof(float));
+	r->pos = malloc_array(b, sizeof(int64_t));
 	if (!r->x || !r->xb || !r->q || !r->k || !r->v || !r->att || !r->hb || !r->hb2 || !r->cs ||
-	    !r->sn)
+	    !r->sn || !r->pos)
 		return -ENOMEM;
 	*ret = TAKE_PTR(r);
 	return 0;
@@ -430,7 +447,57 @@ static int matmul_shared_input(ThreadPool *tp, const MatmulWeight *const *ws, fl
 	return 0;
 }
 
-static int layer_forward(const Model *m, ModelRun *r, KvCache *kv, int il, int64_t pos0, int64_t n)
+/* Attention of one token of each of n sequences, the sequences split across threads. */
+typedef struct SeqAttendJob {
+	const EvalSeqs *s;
+	int layer;
+	int64_t qdim;
+	const float *q; /* (n_seq, qdim) */
+	float *att;     /* (n_seq, qdim) */
+} SeqAttendJob;
+
+static void seq_attend_task(void *ctx, int ith, int nth)
+{
+	const SeqAttendJob *j = ctx;
+	long begin, end;
+	threadpool_split((long)j->s->n_seq, ith, nth, &begin, &end);
+	for (long i = begin; i < end; i++)
+		kvcache_attend(j->s->kvs[i], NULL, j->layer, j->s->pos[i], 1, j->q + i * j->qdim,
+			       j->att + i * j->qdim);
+}
+
+/*
+ * Append the batch's K and V (after RoPE) to the caches and attend: each
+ * sequence's tokens against its own cache, at its own positions. With at
+ * least as many sequences as threads, each thread takes whole sequences
+ * (one dispatch per layer instead of one per sequence); otherwise each
+ * sequence's attention is split across the threads by the cache.
+ */
+static int layer_attend(ModelRun *r, const EvalSeqs *s, int il, int64_t n, int64_t qdim, int64_t kvdim)
+{
+	int64_t per = n / s->n_seq; /* tokens per sequence */
+	int nth = r->tp ? threadpool_n_threads(r->tp) : 1;
+	for (int64_t i = 0; i < s->n_seq; i++) {
+		int64_t t = i * per;
+		int e = kvcache_append(s->kvs[i], il, s->pos[i], per, r->k + t * kvdim, r->v + t * kvdim);
+		if (e == KVCACHE_E_FULL)
+			return MODEL_E_CONTEXT;
+		if (e > 0) /* KVCACHE_E_POSITION: the model always appends at the end */
+			return -EINVAL;
+		if (e < 0)
+			return e;
+	}
+	if (s->n_seq > 1 && s->n_seq >= nth) {
+		SeqAttendJob j = { .s = s, .layer = il, .qdim = qdim, .q = r->q, .att = r->att };
+		threadpool_run(r->tp, seq_attend_task, &j);
+		return 0;
+	}
+	for (int64_t i = 0; i < s->n_seq; i++)
+		kvcache_attend(s->kvs[i], r->tp, il, s->pos[i], per, r->q + i * per * qdim, r->att + i * per * qdim);
+	return 0;
+}
+
+static int layer_forward(const Model *m, ModelRun *r, const EvalSeqs *s, int il, int64_t n)
 {
 	const ModelConfig *c = &m->cfg;
 	const LayerWeights *w = &m->layers[il];
@@ -456,14 +523,8 @@ static int layer_forward(const Model *m, ModelRun *r, KvCache *kv, int il, int64
 		rope_rotate(&m->rope, r->k + i * kvdim, c->n_kv_heads, c->head_dim, r->cs + i * half,
 			    r->sn + i * half);
 	}
-	e = kvcache_append(kv, il, pos0, n, r->k, r->v);
-	if (e == KVCACHE_E_FULL)
-		return MODEL_E_CONTEXT;
-	if (e > 0) /* KVCACHE_E_POSITION: model_eval always appends at the end */
-		return -EINVAL;
-	if (e < 0)
+	if ((e = layer_attend(r, s, il, n, qdim, kvdim)))
 		return e;
-	kvcache_attend(kv, r->tp, il, pos0, n, r->q, r->att);
 	if ((e = matmul(r->tp, &w->wo, r->att, r->xb, n)))
 		return e;
 	op_add(r->x, r->xb, n * c->dim);
@@ -482,12 +543,16 @@ static int layer_forward(const Model *m, ModelRun *r, KvCache *kv, int il, int64
 	return 0;
 }
 
-/* One batch of n <= max_batch tokens at the end of kv. */
-static int eval_batch(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, int64_t n,
+/*
+ * One batch of n <= max_batch tokens of the sequences s (EvalSeqs), token
+ * i at position pos(i). Logits of the last token go to last_logits, of
+ * every token to all_logits (n, n_vocab), when non-NULL.
+ */
+static int eval_batch(const Model *m, ModelRun *r, const EvalSeqs *s, const int32_t *tokens, int64_t n,
 		      float *last_logits, float *all_logits)
 {
 	const ModelConfig *c = &m->cfg;
-	int64_t pos0 = kvcache_n_tokens(kv);
+	int64_t per = n / s->n_seq;
 	int half = c->n_rot / 2;
 	int e;
 
@@ -495,12 +560,13 @@ static int eval_batch(const Model *m, ModelRun *r, KvCache *kv, const int32_t *t
 		wtype_dequantize_row(m->tok_embd.type,
 				     (const uint8_t *)m->tok_embd.data + (size_t)tokens[i] * m->tok_embd.row_stride,
 				     r->x + i * c->dim, c->dim);
-		rope_angles(&m->rope, pos0 + i, r->cs + i * half, r->sn + i * half);
+		rope_angles(&m->rope, s->pos[i / per] + i % per, r->cs + i * half, r->sn + i * half);
 	}
 	for (int il = 0; il < c->n_layers; il++)
-		if ((e = layer_forward(m, r, kv, il, pos0, n)))
+		if ((e = layer_forward(m, r, s, il, n)))
 			return e;
-	kvcache_set_n_tokens(kv, pos0 + n);
+	for (int64_t i = 0; i < s->n_seq; i++)
+		kvcache_set_n_tokens(s->kvs[i], s->pos[i] + per);
 
 	if (all_logits) {
 		for (int64_t i = 0; i < n; i++)
@@ -532,8 +598,40 @@ int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, 
 	for (int64_t done = 0; done < n;) {
 		int64_t b = MIN(n - done, (int64_t)r->max_batch);
 		bool last = done + b == n;
-		int e = eval_batch(m, r, kv, tokens + done, b, last ? ret_logits : NULL,
+		int64_t pos0 = kvcache_n_tokens(kv);
+		EvalSeqs s = { .kvs = &kv, .pos = &pos0, .n_seq = 1 };
+		int e = eval_batch(m, r, &s, tokens + done, b, last ? ret_logits : NULL,
 				   all_logits ? all_logits + done * c->n_vocab : NULL);
+		if (e)
+			return e;
+		done += b;
+	}
+	return 0;
+}
+
+int model_eval_batch(const Model *m, ModelRun *r, KvCache *const *kvs, const int32_t *tokens, int n,
+		     float *logits)
+{
+	const ModelConfig *c = &m->cfg;
+	if (n < 1)
+		return -EINVAL;
+	for (int i = 0; i < n; i++) {
+		/* One cache twice would append two tokens at one position. */
+		for (int j = 0; j < i; j++)
+			if (kvs[j] == kvs[i])
+				return -EINVAL;
+		if (kvcache_n_tokens(kvs[i]) >= kvs[i]->shape.capacity)
+			return MODEL_E_CONTEXT;
+		if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+			return MODEL_E_TOKEN;
+	}
+
+	for (int done = 0; done < n;) {
+		int b = MIN(n - done, r->max_batch);
+		for (int i = 0; i < b; i++)
+			r->pos[i] = kvcache_n_tokens(kvs[done + i]);
+		EvalSeqs s = { .kvs = kvs + done, .pos = r->pos, .n_seq = b };
+		int e = eval_batch(m, r, &s, tokens + done, b, NULL, logits + (size_t)done * c->n_vocab);
 		if (e)
 			return e;
 		done += b;

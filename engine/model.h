@@ -114,5 +114,19 @@ DEFINE_FREEP(ModelRun, model_run_free)
 int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, int64_t n,
 	       float *ret_logits, float *all_logits);
 
+/*
+ * One new token for each of n independent sequences: tokens[i] at
+ * position kvs[i]->n_tokens, appended to kvs[i] (n distinct caches, of any
+ * KvCacheOps). The weight matrices run once over the n tokens together
+ * (batches of up to the run's max_batch); RoPE and attention are per
+ * sequence. Writes logits (n, n_vocab): row i equals what model_eval() of
+ * tokens[i] alone on kvs[i] gives, up to float rounding. Returns 0,
+ * -EINVAL (n < 1, a cache given twice), -ENOMEM, MODEL_E_CONTEXT if any
+ * cache is full or MODEL_E_TOKEN for an id outside the vocabulary; on
+ * those input errors no cache is touched.
+ */
+int model_eval_batch(const Model *m, ModelRun *r, KvCache *const *kvs, const int32_t *tokens, int n,
+		     float *logits);
+
 /* Human description ("llama 30 layers, dim 576, ...") into buf. */
 void model_describe(const Model *m, char *buf, size_t size);

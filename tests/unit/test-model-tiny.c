@@ -18,11 +18,14 @@
  * tolerances are known to be tight enough. The err-*.gguf files each carry
  * one defect that model_load must name.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kvstore.h"
+#include "engine/kvtype.h"
 #include "engine/model.h"
 #include "testutil.h"
 
@@ -290,6 +293,114 @@ START_TEST(tiny_logits_match_reference)
 }
 END_TEST
 
+/*
+ * model_eval_batch against separate model_eval calls: N_SEQ sequences
+ * with prompts of different lengths (prefixes of the reference tokens),
+ * prefilled alike into two sets of caches; then STEPS rounds of one new
+ * token each, set A by one model_eval per sequence, set B by one
+ * model_eval_batch (through a run of max_batch 3, so it is also split).
+ * Every logit must agree to BATCH_TOL, for f32 caches and for compressed
+ * ones (identical seeds, so both sets store the same codes).
+ */
+#define N_SEQ 5
+#define STEPS 3
+static const int seq_len[N_SEQ] = { 1, 3, 4, 7, 9 };
+static const char *const batch_kv[] = { NULL /* f32 */, "tq4:q8_0+h", "tq3" };
+
+static KvCache *batch_cache(const Model *m, const char *spec, int64_t cap)
+{
+	KvCacheShape shape = model_kv_shape(m, cap);
+	KvCache *kv = NULL;
+	if (!spec) {
+		ck_assert_int_eq(kvcache_new_f32(&shape, &kv), 0);
+		return kv;
+	}
+	KvPlan *plan = NULL;
+	Error err = { 0 };
+	ck_assert_msg(kvplan_from_text(spec, shape.n_layers, shape.n_kv_heads, shape.head_dim, &plan, &err) == 0,
+		      "%s: %s", spec, err.msg);
+	ck_assert_msg(kvcache_new_quant(&shape, plan, 42, &kv, &err) == 0, "%s: %s", spec, err.msg);
+	kvplan_free(plan);
+	return kv;
+}
+
+START_TEST(tiny_batch_matches_separate)
+{
+	const TinyCase *tc = &cases[_i / 3];
+	const char *spec = batch_kv[_i % 3];
+	if (spec && strstr(spec, "q8_0") && tc->head_dim % 32) /* q8_0 needs head_dim a multiple of 32 */
+		spec = "tq4";
+	Reference ref;
+	reference_load(tc->name, &ref);
+	Model *m = tiny_load(tc->name);
+	int nv = m->cfg.n_vocab;
+	ThreadPool *tp = NULL;
+	ModelRun *run = NULL, *run3 = NULL;
+	ck_assert_int_eq(threadpool_new(2, &tp), 0);
+	ck_assert_int_eq(model_run_new(m, 16, tp, &run), 0);
+	ck_assert_int_eq(model_run_new(m, 3, tp, &run3), 0);
+	ck_assert_int_le(seq_len[N_SEQ - 1] + STEPS, ref.n);
+
+	KvCache *a[N_SEQ], *b[N_SEQ];
+	float *la = malloc(sizeof(float) * N_SEQ * nv), *lb = malloc(sizeof(float) * N_SEQ * nv);
+	ck_assert(la && lb);
+	for (int i = 0; i < N_SEQ; i++) {
+		int64_t cap = seq_len[i] + STEPS; /* so the last round fills every cache */
+		a[i] = batch_cache(m, spec, cap);
+		b[i] = batch_cache(m, spec, cap);
+		ck_assert_int_eq(model_eval(m, run, a[i], ref.tokens, seq_len[i], NULL, NULL), 0);
+		ck_assert_int_eq(model_eval(m, run, b[i], ref.tokens, seq_len[i], NULL, NULL), 0);
+	}
+	double worst = 0;
+	for (int step = 0; step < STEPS; step++) {
+		int32_t tok[N_SEQ];
+		for (int i = 0; i < N_SEQ; i++) {
+			tok[i] = ref.tokens[seq_len[i] + step];
+			ck_assert_int_eq(model_eval(m, run, a[i], &tok[i], 1, la + (size_t)i * nv, NULL), 0);
+		}
+		ck_assert_int_eq(model_eval_batch(m, run3, b, tok, N_SEQ, lb), 0);
+		for (int i = 0; i < N_SEQ; i++) {
+			ck_assert_int_eq(kvcache_n_tokens(b[i]), seq_len[i] + step + 1);
+			double d = max_diff(la + (size_t)i * nv, lb + (size_t)i * nv, nv) /
+				   max_abs(la + (size_t)i * nv, nv);
+			ck_assert_msg(d <= BATCH_TOL, "%s kv %s step %d seq %d: batched differs by %.2e", tc->name,
+				      spec ? spec : "f32", step, i, d);
+			worst = fmax(worst, d);
+			/* different contexts, different logits: the comparison is not vacuous */
+			if (i > 0)
+				ck_assert(max_diff(lb + (size_t)i * nv, lb + (size_t)(i - 1) * nv, nv) > 1e-3);
+		}
+	}
+	fprintf(stderr, "%s kv %s: batched vs separate %.2e\n", tc->name, spec ? spec : "f32", worst);
+
+	/* Input errors touch no cache: full, one cache twice, a bad token. */
+	int32_t tok[2] = { ref.tokens[0], ref.tokens[1] };
+	KvCache *fresh = batch_cache(m, spec, 4);
+	KvCache *two[2] = { fresh, fresh }, *pair[2] = { fresh, b[1] };
+	ck_assert_int_eq(model_eval_batch(m, run, b, tok, 1, lb), MODEL_E_CONTEXT);
+	ck_assert_int_eq(model_eval_batch(m, run, two, tok, 2, lb), -EINVAL);
+	tok[0] = nv;
+	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 1, lb), MODEL_E_TOKEN);
+	tok[0] = ref.tokens[0];
+	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 2, lb), MODEL_E_CONTEXT); /* b[1] is full */
+	ck_assert_int_eq(kvcache_n_tokens(fresh), 0);
+	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 0, lb), -EINVAL);
+
+	kvcache_free(fresh);
+	for (int i = 0; i < N_SEQ; i++) {
+		kvcache_free(a[i]);
+		kvcache_free(b[i]);
+	}
+	free(la);
+	free(lb);
+	model_run_free(run3);
+	model_run_free(run);
+	threadpool_free(tp);
+	reference_clear(&ref);
+	model_free(m);
+}
+END_TEST
+
 /* Distance of m's logits to the tighter reference, in units of its tolerance. */
 static double tolerances_off(const Model *m, ThreadPool *tp, const Reference *ref,
 			     const TinyCase *tc)
@@ -415,6 +526,7 @@ int main(void)
 	tcase_add_loop_test(tc, tiny_config, 0, N_CASES);
 	tcase_add_loop_test(tc, tiny_logits_match_reference, 0, N_CASES);
 	tcase_add_loop_test(tc, tiny_mutations_are_detected, 0, N_CASES);
+	tcase_add_loop_test(tc, tiny_batch_matches_separate, 0, N_CASES * 3);
 	tcase_add_loop_test(tc, tiny_broken_files_are_named, 0, (int)(sizeof(broken) / sizeof(broken[0])));
 	tcase_add_test(tc, tiny_unbroken_file_loads);
 	suite_add_tcase(s, tc);
