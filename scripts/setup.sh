@@ -12,7 +12,7 @@ set -eu
 cd "$(dirname "$0")/.."
 
 packages="meson ninja-build pkg-config gcc check protobuf-c-compiler libprotobuf-c-dev
-	libsystemd-dev systemd python3 python3-pip clang libclang-rt-14-dev"
+	libsystemd-dev systemd python3 python3-pip clang libclang-rt-14-dev debian-handbook"
 
 missing=
 for p in $packages; do

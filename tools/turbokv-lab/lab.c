@@ -169,3 +169,38 @@ char *lab_read_file(const char *path, size_t *ret_len)
 	*ret_len = len;
 	return buf;
 }
+
+int lab_specs_add(const char *arg, char **specs, int *n, int max)
+{
+	const char *p = arg;
+	while (*p) {
+		const char *end = p;
+		/* extend over elements that are layer overrides */
+		for (;;) {
+			const char *c = strchr(end, ',');
+			if (!c) {
+				end += strlen(end);
+				break;
+			}
+			const char *next_end = strchr(c + 1, ',');
+			size_t next_len = next_end ? (size_t)(next_end - c - 1) : strlen(c + 1);
+			if (!memchr(c + 1, '=', next_len)) {
+				end = c;
+				break;
+			}
+			end = c + 1 + next_len;
+		}
+		if (end == p || *n >= max) {
+			fprintf(stderr, "turbokv-lab: --kv '%s': %s\n", arg,
+				end == p ? "empty spec" : "too many specs");
+			return -1;
+		}
+		if (!(specs[*n] = strndup(p, (size_t)(end - p)))) {
+			fprintf(stderr, "turbokv-lab: out of memory\n");
+			return -1;
+		}
+		(*n)++;
+		p = *end ? end + 1 : end;
+	}
+	return 0;
+}

@@ -80,3 +80,16 @@ int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_codebook(int argc, char **argv);
+
+/*
+ * Split a list of KV specs given as one option value ("f16,tq4,tq3.5:tq3,0-1=q8_0")
+ * into specs: a comma starts a new spec unless the next element is a
+ * layer override (it holds '='), which stays with the spec before it.
+ * Appends to *specs (malloc'd strings, *n entries, at most max). Returns
+ * 0 or -1 (message printed).
+ */
+int lab_specs_add(const char *arg, char **specs, int *n, int max);
+
+int cmd_kld(int argc, char **argv);
+int cmd_niah(int argc, char **argv);
+int cmd_kvstats(int argc, char **argv);

@@ -16,6 +16,9 @@ static const struct {
 	{ "tokenize", cmd_tokenize, "print the token ids of a text" },
 	{ "bench", cmd_bench, "prompt and decode speed, like llama-bench" },
 	{ "codebook", cmd_codebook, "Lloyd-Max codebook of the TurboQuant codec (no model)" },
+	{ "kld", cmd_kld, "KL divergence of KV types against an f32 cache on a text" },
+	{ "niah", cmd_niah, "needle-in-a-haystack recall of KV types beside f32" },
+	{ "kvstats", cmd_kvstats, "per-layer K/V and attention error of KV types on real activations" },
 };
 
 static void usage(FILE *f)
