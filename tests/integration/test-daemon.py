@@ -17,9 +17,11 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 
@@ -35,7 +37,7 @@ RUNNING = []
 
 
 class Daemon:
-    def __init__(self, args, tmp, extra=(), activate=False):
+    def __init__(self, args, tmp, extra=(), activate=False, env=None):
         RUNNING.append(self)
         self.tmp = tmp
         self.sock = os.path.join(tmp, "run", "turbokvd.sock")
@@ -43,7 +45,9 @@ class Daemon:
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify.bind(self.notify_path)
         self.notify.settimeout(1)
-        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, XDG_STATE_HOME=os.path.join(tmp, "state"))
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, XDG_STATE_HOME=os.path.join(tmp, "state"),
+                   **(env or {}))
+        env = {k: v for k, v in env.items() if v is not None}  # None: remove from the environment
         cmd = [args.daemon, "--threads", THREADS, "--state-dir", os.path.join(tmp, "state")]
         cmd += list(extra)
         if activate:
@@ -162,10 +166,10 @@ def case_generate(args, tmp):
     c.send(w.generate(5, user="hi", max_tokens=1000))
     res = w.collect(c, 5)
     assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
-    # Sessions are not implemented yet: SESSION_NOT_FOUND, and the connection goes on.
-    c.send(w.generate(6, user="hi", session="notes"))
+    # A new session: answered like a one-off request, nothing cached yet (the session_* cases test more).
+    c.send(w.generate(6, user="hi", session="notes", max_tokens=2))
     res = w.collect(c, 6)
-    assert res.error and res.error[0] == w.E["SESSION_NOT_FOUND"], res.error
+    assert res.error is None and w.first(res.done, 4) == 0, (res.error, res.done)
     c.send(w.status(7))
     assert c.recv()[0] == "status_reply"
     c.close()
@@ -423,7 +427,8 @@ def case_config(args, tmp):
                               env=dict(os.environ, **(env or {})))
     for bad, word in ((["--threads", "0"], "--threads"), (["--ctx", "abc"], "--ctx"),
                       (["--kv", "bogus"], "--kv"), (["--device", "tpu"], "--device"),
-                      (["--session-memory", "12Q"], "--session-memory"), (["--frobnicate"], "--frobnicate")):
+                      (["--session-memory", "12Q"], "--session-memory"), (["--frobnicate"], "--frobnicate"),
+                      (["--client-buffer", "1K"], "--client-buffer"), (["--client-buffer", "1G"], "--client-buffer")):
         p = run(*bad)
         assert p.returncode == 2 and word in p.stderr, (bad, p.returncode, p.stderr)
     p = run(env={"TURBOKV_THREADS": "-3"})
@@ -468,6 +473,550 @@ def case_activate(args, tmp):
     c.close()
     d.stop()
     assert os.path.exists(d.sock) or True  # the socket belongs to the activator, not the daemon
+
+
+SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29)  # Linux asm-generic value; Python does not export it
+
+
+def notifications(d, seconds):
+    """(arrival time, message) of everything d sends to NOTIFY_SOCKET within seconds.
+
+    Arrival times are the kernel's (SO_TIMESTAMP), so a late read by this
+    script does not look like a late ping."""
+    out = []
+    deadline = time.monotonic() + seconds
+    d.notify.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+    d.notify.settimeout(0.1)
+    while time.monotonic() < deadline:
+        try:
+            data, anc, _, _ = d.notify.recvmsg(4096, socket.CMSG_SPACE(16))
+        except socket.timeout:
+            continue
+        t = time.time()
+        for level, kind, val in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP:
+                sec, usec = struct.unpack("@ll", val[:16])
+                t = sec + usec / 1e6
+        out.append((t, data.decode()))
+    d.notify.settimeout(1)
+    return out
+
+
+def case_watchdog(args, tmp):
+    """WATCHDOG_USEC set: WATCHDOG=1 keeps coming on NOTIFY_SOCKET, idle and while generating; unset: never."""
+    usec = 4000000  # sd-event pings every 3/4 of it when idle; a round may hold the loop for a while under ASan
+    d = Daemon(args, tmp, env={"WATCHDOG_USEC": str(usec)})
+    d.wait_ready()
+    idle = [t for t, m in notifications(d, 7) if "WATCHDOG=1" in m.split("\n")]
+    assert len(idle) >= 2, "WATCHDOG=1 %d times in 7 s idle (WatchdogSec=4s)" % len(idle)
+
+    # While the model is busy: pings still come between scheduler rounds.
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.generate(1, user=PROMPTS[0], max_tokens=40))
+    got = {}
+
+    def reader():
+        got["res"] = w.collect(c, 1)
+    t = threading.Thread(target=reader)
+    t.start()
+    busy = []
+    while t.is_alive():
+        busy += [tm for tm, m in notifications(d, 0.5) if "WATCHDOG=1" in m.split("\n")]
+    t.join()
+    check_answer(args, got["res"], PROMPTS[0], 40)
+    pings = idle + busy
+    gaps = [b - a for a, b in zip(pings, pings[1:])]
+    print("WATCHDOG=1: %d pings, longest gap %.2f s (limit %.2f s)" % (len(pings), max(gaps), usec / 1e6))
+    assert max(gaps) < usec / 1e6, gaps
+    c.close()
+    d.stop()
+
+    # No WATCHDOG_USEC: no pings.
+    tmp2 = os.path.join(tmp, "plain")
+    os.makedirs(tmp2)
+    d = Daemon(args, tmp2, env={"WATCHDOG_USEC": None})
+    d.wait_ready()
+    assert not any("WATCHDOG=1" in m for _, m in notifications(d, 1.5))
+    d.stop()
+
+
+def status_of(c, rid):
+    """A StatusReply's fields, skipping anything else the connection receives first."""
+    c.send(w.status(rid))
+    while True:
+        kind, f = c.recv()
+        if kind == "status_reply" and w.first(f, 1) == rid:
+            return f
+
+
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,"
+
+
+def case_slow_reader(args, tmp):
+    """A client that never reads is paused after --client-buffer; others are served; nothing is lost."""
+    d = Daemon(args, tmp, extra=["--client-buffer", "4K", "--ctx", "1024"])
+    d.wait_ready()
+    slow = w.Conn(d.sock)
+    slow.hello()
+    n = 600
+    slow.send(w.generate(1, raw=COUNTING.encode(), max_tokens=n))
+    # It is not reading: the daemon generates until the buffers fill, then pauses it.
+    probe = w.Conn(d.sock)
+    probe.hello()
+    last, rid, deadline = -1, 10, time.monotonic() + 120
+    while True:
+        time.sleep(1.0)
+        rid += 1
+        f = status_of(probe, rid)
+        gen = w.first(f, 17)
+        if gen == last:
+            break
+        assert time.monotonic() < deadline, "the slow client's request never paused"
+        last = gen
+    assert 0 < gen < n, "paused after %d of %d tokens" % (gen, n)
+    assert w.first(f, 11) == 1, f  # still active: paused, not dropped
+    queued = fcntl.ioctl(slow.sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    queued = int.from_bytes(queued, sys.byteorder)
+    print("paused after %d tokens; %d bytes wait in the slow client's socket" % (gen, queued))
+    assert queued < 256 * 1024, queued
+
+    # Everyone else is served meanwhile, with the right answer.
+    check_answer(args, ask(d, PROMPTS[0]), PROMPTS[0])
+    check_answer(args, ask(d, PROMPTS[1]), PROMPTS[1])
+    rid += 1
+    f = status_of(probe, rid)
+    others = sum(len(golden(args, p)["tokens"]) for p in PROMPTS)
+    assert w.first(f, 17) == gen + others, (w.first(f, 17), gen, others)  # the slow one made no progress
+
+    # The slow client reads at last: its request resumes and every token arrives, in order.
+    res = w.collect(slow, 1)
+    assert res.error is None, res.error
+    assert w.first(res.done, 5) == len(res.tokens), (w.first(res.done, 5), len(res.tokens))
+    assert w.first(res.done, 2) in (w.FINISH["LENGTH"], w.FINISH["STOP"]), res.done
+    if w.first(res.done, 2) == w.FINISH["LENGTH"]:
+        assert len(res.tokens) == n
+    assert len(res.tokens) > gen
+    for c in (slow, probe):
+        c.close()
+    d.stop()
+
+
+# ---------------------------------------------------------------- sessions (issue 7)
+
+SESS_KV = ["--kv", "tq4"]
+SESS_SEED = 1234
+TURNS = ["My name is Ada and I like green tea. Say hello.", "What is my name and what do I like?"]
+
+
+def crc32c(data):
+    """CRC-32C written out here (bitwise), independent of engine/crc32c.c."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def sess_generate(rid, text, session, n=N_TOKENS, seed=SESS_SEED):
+    """Generate with greedy sampling and a fixed seed (the KV codecs' seeds derive from it)."""
+    g = w.f_varint(1, rid) + w.f_bytes(2, w.f_bytes(1, w.f_varint(1, 2) + w.f_bytes(2, text)))
+    g += w.f_bytes(5, w.f_varint(7, seed) + w.f_varint(8, 1))
+    g += w.f_varint(6, n) + w.f_bytes(8, session)
+    return w.f_bytes(2, g)
+
+
+def sess_turn(d, session, text, rid=1, n=N_TOKENS):
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(sess_generate(rid, text, session, n))
+    res = w.collect(c, rid)
+    c.close()
+    return res
+
+
+def sess_ok(res):
+    assert res.error is None, "error %r" % (res.error,)
+    return res
+
+
+def sess_request(d, payload_field, body, rid):
+    """Send SessionList (5) / SessionShow (6) / SessionDelete (7); returns (kind, fields)."""
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.f_bytes(payload_field, w.f_varint(1, rid) + body))
+    m = c.recv()
+    c.close()
+    return m
+
+
+def sess_list(d, rid=7):
+    kind, f = sess_request(d, 5, b"", rid)
+    assert kind == "session_list_reply", (kind, f)
+    out = {}
+    for raw in f.get(2, []):
+        info = w.decode(raw)
+        out[w.first(info, 2, b"").decode()] = dict(tokens=w.first(info, 3), bytes=w.first(info, 4),
+                                                   last_used=w.first(info, 5), in_memory=w.first(info, 6))
+    return out
+
+
+def sess_dir(tmp, uid=0):
+    return os.path.join(tmp, "state", "sessions", str(uid))
+
+
+def sess_sections(data):
+    """(name, start, end) of the header and each section of a session file, from its own lengths."""
+    out = [("header", 0, 64)]
+    pos, names = 64, ["KV", "TOKENS", "MESSAGES"]
+    i = 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos + 8:pos + 16], "little")
+        out.append((names[i] if i < 3 else "LAYER %d" % (i - 3), pos, pos + 16 + n + 4))
+        pos += 16 + n + 4
+        i += 1
+    assert pos == len(data)
+    return out
+
+
+def sess_daemon(args, tmp, extra=SESS_KV, env=None):
+    """A daemon on tmp (again: a restart reuses its state directory), ready."""
+    try:
+        os.unlink(os.path.join(tmp, "notify"))
+    except FileNotFoundError:
+        pass
+    d = Daemon(args, tmp, extra=extra, env=env)
+    d.wait_ready()
+    return d
+
+
+def sess_reference(args, tmp):
+    """Both turns in one daemon, no restart: the tokens of turn 2 every other run must equal."""
+    os.makedirs(os.path.join(tmp, "ref"), exist_ok=True)
+    d = sess_daemon(args, os.path.join(tmp, "ref"), extra=SESS_KV)
+    r1 = sess_ok(sess_turn(d, "ref", TURNS[0]))
+    r2 = sess_ok(sess_turn(d, "ref", TURNS[1]))
+    assert w.first(r2.done, 4) > w.first(r1.done, 3), ("turn 2 reused too little", r1.done, r2.done)
+    # the reused prefix is right: a one-off request with the whole history gives the same prompt and answer
+    g = w.f_varint(1, 3)
+    msgs = [(2, TURNS[0]), (3, r1.text), (2, TURNS[1])]
+    g += w.f_bytes(2, b"".join(w.f_bytes(1, w.f_varint(1, role) + w.f_bytes(2, t)) for role, t in msgs))
+    g += w.f_bytes(5, w.f_varint(7, SESS_SEED) + w.f_varint(8, 1)) + w.f_varint(6, N_TOKENS)
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.f_bytes(2, g))
+    full = sess_ok(w.collect(c, 3))
+    c.close()
+    assert w.first(full.done, 3) == w.first(r2.done, 3), (full.done, r2.done)
+    assert full.tokens == r2.tokens, ("session turn 2 != the whole history sent at once", r2.tokens, full.tokens)
+    d.stop()
+    return r1.tokens, r2.tokens
+
+
+def case_session_restart(args, tmp):
+    """SIGTERM, restart, continue: turn 2 is token-for-token the uninterrupted one, prefix from disk."""
+    t1, t2 = sess_reference(args, tmp)
+    d = sess_daemon(args, tmp, extra=SESS_KV)
+    r1 = sess_ok(sess_turn(d, "chat", TURNS[0]))
+    assert r1.tokens == t1
+    d.stop()  # SIGTERM: saved on shutdown
+    path = os.path.join(sess_dir(tmp), "chat.tkvs")
+    st = os.stat(path)
+    assert st.st_mode & 0o777 == 0o600, oct(st.st_mode)
+    assert os.stat(sess_dir(tmp)).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.dirname(sess_dir(tmp))).st_mode & 0o777 == 0o700
+    d = sess_daemon(args, tmp, extra=SESS_KV)
+    lst = sess_list(d)
+    assert "chat" in lst and lst["chat"]["bytes"] == st.st_size and not lst["chat"]["in_memory"], lst
+    r2 = sess_ok(sess_turn(d, "chat", TURNS[1]))
+    assert r2.tokens == t2, ("after restart", r2.tokens, t2)
+    prompt, cached = w.first(r2.done, 3), w.first(r2.done, 4)
+    assert cached >= w.first(r1.done, 3), ("the restored prefix was not reused", r2.done)
+    print("restart: turn 2 identical; %d of %d prompt tokens from the restored cache" % (cached, prompt))
+    # show and delete
+    kind, f = sess_request(d, 6, w.f_bytes(2, "chat"), 8)
+    assert kind == "session_info" and w.first(f, 3) > lst["chat"]["tokens"] and w.first(f, 6), (kind, f)
+    kind, f = sess_request(d, 7, w.f_bytes(2, "chat"), 9)
+    assert kind == "session_deleted", (kind, f)
+    assert not os.path.exists(path)
+    kind, f = sess_request(d, 6, w.f_bytes(2, "chat"), 10)
+    assert kind == "error" and w.first(f, 2) == w.E["SESSION_NOT_FOUND"], (kind, f)
+    d.stop()
+    return 0
+
+
+def case_session_kill(args, tmp):
+    """SIGKILL in the middle of a save: the previous version loads and the continuation is identical."""
+    t1, t2 = sess_reference(args, tmp)
+    env = {"TURBOKV_SESSION_IDLE_SAVE_MS": "100", "TURBOKV_TEST_SESSION_SAVE_PAUSE_MS": "1500"}
+    d = sess_daemon(args, tmp, extra=SESS_KV, env=env)
+    path = os.path.join(sess_dir(tmp), "k.tkvs")
+    sess_ok(sess_turn(d, "k", TURNS[0]))
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) or os.path.exists(path + ".tmp"):  # the first save, paused, completes
+        assert time.monotonic() < deadline, "no save when idle"
+        time.sleep(0.05)
+    v1 = open(path, "rb").read()
+    r = sess_ok(sess_turn(d, "k", TURNS[1]))
+    assert r.tokens == t2
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path + ".tmp"):  # the second save has started and sleeps inside
+        assert time.monotonic() < deadline, "no second save"
+        time.sleep(0.02)
+    d.proc.kill()
+    d.proc.wait()
+    assert open(path, "rb").read() == v1, "the file changed under a save that did not finish"
+    d = sess_daemon(args, tmp, extra=SESS_KV)
+    r2 = sess_ok(sess_turn(d, "k", TURNS[1]))
+    assert r2.tokens == t2, ("after SIGKILL", r2.tokens, t2)
+    assert w.first(r2.done, 4) > 0, r2.done
+    assert not os.path.exists(path + ".tmp"), "the unfinished save was not cleaned up"
+    d.stop()
+    return 0
+
+
+def case_session_corrupt(args, tmp):
+    """Each section damaged in turn (and another model, another KV type): SESSION_CORRUPT, quarantined."""
+    d = sess_daemon(args, tmp, extra=SESS_KV)
+    sess_ok(sess_turn(d, "good", TURNS[0]))
+    d.stop()
+    sdir = sess_dir(tmp)
+    good = open(os.path.join(sdir, "good.tkvs"), "rb").read()
+    secs = sess_sections(good)
+    want = {"header": "bad header", "KV": "bad KV section", "TOKENS": "bad TOKENS section",
+            "MESSAGES": "bad MESSAGES section"}
+    cases = {}
+    for name, start, end in secs:
+        if name.startswith("LAYER") and name not in ("LAYER 0", "LAYER 29"):
+            continue
+        bad = bytearray(good)
+        bad[(start + end) // 2] ^= 0x10  # inside the payload (the header: inside its CRC-covered fields)
+        key = "c-" + name.replace(" ", "")
+        cases[key] = (bytes(bad), want.get(name, "bad LAYER section"))
+    bad = bytearray(good)
+    bad[0] ^= 1
+    cases["c-magic"] = (bytes(bad), "bad magic")
+    bad = bytearray(good)
+    bad[8] = 9
+    cases["c-version"] = (bytes(bad), "unsupported version")
+    bad = bytearray(good)
+    bad[16] ^= 0xFF  # another model's fingerprint, with a valid header checksum
+    bad[60:64] = crc32c(bytes(bad[:60])).to_bytes(4, "little")
+    cases["c-model"] = (bytes(bad), "other model")
+    cases["c-trunc"] = (good[:len(good) // 2], "truncated")
+    for key, (data, _) in cases.items():
+        with open(os.path.join(sdir, key + ".tkvs"), "wb") as f:
+            f.write(data)
+    shutil.copy(os.path.join(sdir, "good.tkvs"), os.path.join(sdir, "kv.tkvs"))
+
+    d = sess_daemon(args, tmp, extra=SESS_KV)
+    for key, (data, what) in cases.items():
+        res = sess_turn(d, key, TURNS[1])
+        assert res.error is not None and res.error[0] == 17, (key, res.error, res.done)
+        assert what in res.error[1], (key, what, res.error)
+        assert not os.path.exists(os.path.join(sdir, key + ".tkvs")), key
+        q = [n for n in os.listdir(os.path.join(sdir, "quarantine")) if n.startswith(key + ".tkvs.")]
+        assert len(q) == 1 and open(os.path.join(sdir, "quarantine", q[0]), "rb").read() == data, (key, q)
+        print("%-12s -> SESSION_CORRUPT: %s" % (key, res.error[1]))
+        # the name is free again: a fresh session
+        res = sess_ok(sess_turn(d, key, TURNS[1]))
+        assert w.first(res.done, 4) == 0, res.done
+    res = sess_ok(sess_turn(d, "good", TURNS[1]))  # the intact file still works
+    assert w.first(res.done, 4) > 0
+    d.stop()
+
+    d = sess_daemon(args, tmp, extra=["--kv", "q8_0"])  # another KV type
+    res = sess_turn(d, "kv", TURNS[1])
+    assert res.error is not None and res.error[0] == 17 and "other KV type" in res.error[1], res.error
+    d.stop()
+    return 0
+
+
+def sess_mount_tmpfs(path, size):
+    """Mount a tmpfs of size bytes on path (we run as root); False where that is not allowed."""
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d,mode=0700" % size, "tmpfs", path],
+                       capture_output=True, text=True)
+    return r.returncode == 0
+
+
+def case_session_enospc(args, tmp):
+    """Out of disk during a save (a small tmpfs, else injected ENOSPC): the previous version stays intact."""
+    t1, t2 = sess_reference(args, tmp)
+    d = sess_daemon(args, tmp)
+    sess_ok(sess_turn(d, "e", TURNS[0]))
+    d.stop()
+    udir = sess_dir(tmp)
+    path = os.path.join(udir, "e.tkvs")
+    v1 = open(path, "rb").read()
+    # room for v1 and half of a file of its size: the larger v2 cannot be written next to it
+    mounted = sess_mount_tmpfs(udir, (len(v1) * 3 // 2 + 4095) // 4096 * 4096)
+    try:
+        if mounted:
+            with open(path, "wb") as f:
+                f.write(v1)
+            env = None
+            print("a %d-byte tmpfs holds the session directory" % (len(v1) * 3 // 2))
+        else:
+            env = {"TURBOKV_TEST_SESSION_FAIL_WRITE_AFTER": str(len(v1) // 2)}
+            print("cannot mount a tmpfs here; injecting ENOSPC")
+        d = sess_daemon(args, tmp, env=env)
+        r = sess_ok(sess_turn(d, "e", TURNS[1]))
+        assert r.tokens == t2
+        d.stop()
+        assert any("cannot save session 'e'" in line and "No space left" in line for line in d.stderr), \
+            "".join(d.stderr[-5:])
+        assert open(path, "rb").read() == v1, "the previous version was touched"
+        assert not os.path.exists(path + ".tmp")
+        d = sess_daemon(args, tmp)
+        r = sess_ok(sess_turn(d, "e", TURNS[1]))
+        assert r.tokens == t2 and w.first(r.done, 4) > 0, (r.tokens, t2, r.done)
+        d.stop()
+    finally:
+        if mounted:
+            subprocess.run(["umount", udir], check=False)
+    return 0
+
+
+def case_session_limits(args, tmp):
+    """Quota of sessions (SESSION_QUOTA), busy sessions (SESSION_BUSY), a memory budget that spills to disk."""
+    d = sess_daemon(args, tmp, extra=SESS_KV + ["--session-max", "2", "--session-memory", "1"])
+    r1 = sess_ok(sess_turn(d, "one", TURNS[0]))
+    sess_ok(sess_turn(d, "two", TURNS[0]))
+    res = sess_turn(d, "three", TURNS[0])
+    assert res.error is not None and res.error[0] == 16, res.error  # SESSION_QUOTA
+    # a budget of one byte: every session is spilled to disk when its request ends
+    lst = sess_list(d)
+    assert sorted(lst) == ["one", "two"] and not any(v["in_memory"] for v in lst.values()), lst
+    assert all(v["bytes"] > 0 for v in lst.values()), lst
+    r = sess_ok(sess_turn(d, "one", TURNS[1]))
+    assert w.first(r.done, 4) >= w.first(r1.done, 3), r.done  # restored from the spilled file
+    # two requests on one session at once: the second is SESSION_BUSY
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(sess_generate(1, TURNS[1], "two", n=64))
+    c.send(sess_generate(2, TURNS[1], "two", n=4))
+    results = {}
+    res2 = w.collect(c, 2, results)
+    assert res2.error is not None and res2.error[0] == 18, res2.error  # SESSION_BUSY
+    res1 = w.collect(c, 1, results)
+    assert res1.error is None, res1.error
+    c.close()
+    d.stop()
+    return 0
+
+
+def sess_as_uid(d, uid, actions):
+    """Run actions (a function of the daemon) in a child that setuid()s to uid; returns its result."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            out = actions(d)
+        except BaseException as e:  # noqa: B902: report anything to the parent
+            out, code = {"exception": repr(e)}, 1
+        os.write(wfd, json.dumps(out).encode())
+        os._exit(code)
+    os.close(wfd)
+    data = b""
+    while True:
+        chunk = os.read(rfd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(rfd)
+    os.waitpid(pid, 0)
+    out = json.loads(data)
+    assert "exception" not in out, out
+    return out
+
+
+def case_session_uids(args, tmp):
+    """Two unprivileged uids: neither lists, reads, overwrites nor deletes the other's sessions."""
+    os.chmod(tmp, 0o755)
+    d = sess_daemon(args, tmp, extra=SESS_KV)
+    os.chmod(os.path.dirname(d.sock), 0o755)
+    os.chmod(d.sock, 0o666)
+
+    def user_a(d):
+        r1 = sess_ok(sess_turn(d, "shared", TURNS[0]))
+        sess_ok(sess_turn(d, "a-only", TURNS[0]))
+        return {"tokens": r1.tokens, "list": sorted(sess_list(d))}
+
+    def user_b(d):
+        r = sess_ok(sess_turn(d, "shared", TURNS[1]))  # same name, B's own: nothing cached
+        show = sess_request(d, 6, w.f_bytes(2, "a-only"), 3)
+        dele = sess_request(d, 7, w.f_bytes(2, "a-only"), 4)
+        return {"cached": w.first(r.done, 4), "list": sorted(sess_list(d)),
+                "show": [show[0], w.first(show[1], 2)], "delete": [dele[0], w.first(dele[1], 2)]}
+
+    a = sess_as_uid(d, 65534, user_a)
+    b = sess_as_uid(d, 65533, user_b)
+    assert a["list"] == ["a-only", "shared"], a
+    assert b["list"] == ["shared"], b
+    assert b["cached"] == 0, b
+    assert b["show"] == ["error", w.E["SESSION_NOT_FOUND"]] and b["delete"] == ["error", w.E["SESSION_NOT_FOUND"]], b
+    a2 = sess_as_uid(d, 65534, lambda d: {"list": sorted(sess_list(d)),
+                                           "cached": w.first(sess_ok(sess_turn(d, "shared", TURNS[1])).done, 4)})
+    assert a2["list"] == ["a-only", "shared"] and a2["cached"] > 0, a2
+    assert sess_list(d) == {}, "root sees other users' sessions"
+    d.stop()
+    for uid in (65534, 65533):
+        assert os.stat(sess_dir(tmp, uid)).st_mode & 0o777 == 0o700
+    assert sorted(os.listdir(sess_dir(tmp, 65534))) == ["a-only.tkvs", "shared.tkvs"]
+    assert sorted(os.listdir(sess_dir(tmp, 65533))) == ["shared.tkvs"]
+    return 0
+
+
+def with_policy(msg, policy):
+    """A Generate ClientMessage (tkvwire.generate) with Generate.context_policy (field 9) set."""
+    assert msg[0] == 0x12
+    n, i, shift = 0, 1, 0
+    while True:
+        b = msg[i]
+        n, i, shift = n | (b & 0x7f) << shift, i + 1, shift + 7
+        if b < 0x80:
+            break
+    return w.f_bytes(2, msg[i:i + n] + w.f_varint(9, policy))
+
+
+POLICY = dict(ERROR=0, TRUNCATE_OLDEST=1, STOP_AT_LIMIT=2)
+
+
+def case_context_policy(args, tmp):
+    """TRUNCATE_OLDEST is refused (CONTEXT_OVERFLOW, saying so) where ERROR would refuse; STOP_AT_LIMIT runs."""
+    d = Daemon(args, tmp, extra=["--ctx", "256"])
+    d.wait_ready()
+    c = w.Conn(d.sock)
+    c.hello()
+    long_raw = ("hello " * 400).encode()
+    for rid, msg in ((1, w.generate(1, raw=long_raw, max_tokens=4)),
+                     (2, w.generate(2, messages=[(1, "Be brief.")] + [(2, "hello " * 100), (3, "ok")] * 3 +
+                                    [(2, "And now?")], max_tokens=4)),
+                     (3, w.generate(3, user=PROMPTS[0], max_tokens=1000))):  # prompt fits, max_tokens does not
+        c.send(with_policy(msg, POLICY["TRUNCATE_OLDEST"]))
+        res = w.collect(c, rid)
+        assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
+        assert "TRUNCATE_OLDEST is not implemented" in res.error[1], res.error
+        assert not res.tokens
+    # A request that fits runs as usual, nothing dropped (Done.dropped_tokens, field 6, is 0).
+    c.send(with_policy(w.generate(4, user=PROMPTS[0], max_tokens=N_TOKENS), POLICY["TRUNCATE_OLDEST"]))
+    res = w.collect(c, 4)
+    check_answer(args, res, PROMPTS[0])
+    assert w.first(res.done, 6) == 0, res.done
+    # STOP_AT_LIMIT: max_tokens beyond the context is fine; the answer ends at the context's end at the latest.
+    c.send(with_policy(w.generate(5, user=PROMPTS[1], max_tokens=1000), POLICY["STOP_AT_LIMIT"]))
+    res = w.collect(c, 5)
+    assert res.error is None, res.error
+    assert w.first(res.done, 2) in (w.FINISH["STOP"], w.FINISH["CONTEXT_FULL"]), res.done
+    assert w.first(res.done, 3) + w.first(res.done, 5) <= 256, res.done
+    c.close()
+    d.stop()
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
