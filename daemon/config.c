@@ -36,7 +36,7 @@ void config_usage(void)
 	printf("usage: turbokvd [OPTIONS]\n\n"
 	       "The turbokv inference daemon. Runs in the foreground; systemd supervises it.\n\n"
 	       "  --model PATH           GGUF model (default: the setup script's cache)\n"
-	       "  --kv SPEC              KV cache type (default f32)\n"
+	       "  --kv SPEC              KV cache type (default " KV_DEFAULT_SPEC ")\n"
 	       "  --device auto|cpu|cuda where the model runs (default auto: cpu for now)\n"
 	       "  --threads N            engine threads (default: CPUs, at most 8)\n"
 	       "  --ctx N                context size in tokens (default: the model's, at most 8192)\n"
@@ -289,7 +289,7 @@ static int config_defaults(Config *c)
 	c->session_disk = 8ull << 30;
 	c->client_buffer = 256u * 1024;
 	model_default_path(buf, sizeof(buf));
-	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, "f32") < 0)
+	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, KV_DEFAULT_SPEC) < 0)
 		return -ENOMEM;
 
 	/* The paths below come from the environment: a cut-off one would be another path. */

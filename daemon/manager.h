@@ -39,6 +39,7 @@ typedef struct Sessions Sessions;
 #define MANAGER_MAX_REQUESTS_PER_CLIENT 8u
 #define MANAGER_MAX_ACTIVE_REQUESTS 16u   /* requests prefilling or decoding at once, all clients */
 #define MANAGER_MAX_CONNECTIONS 256u
+#define MANAGER_KV_SEED 0                 /* TurboQuant codec seed of every request's cache */
 #define MANAGER_PREFILL_CHUNK 512         /* prompt tokens evaluated per scheduler step */
 
 typedef struct Manager {

@@ -518,7 +518,9 @@ int request_activate(Request *r, Manager *m)
 	if (r->session && request_session_reuse(r))
 		k = 0;
 	else if (m->kv_plan)
-		k = kvcache_new_quant(&shape, m->kv_plan, r->sampling.seed, &r->kv, NULL);
+		/* A fixed codec seed: the same question gets the same greedy answer
+		 * (and turbokv-lab's, which uses seed 0 too); sessions record it. */
+		k = kvcache_new_quant(&shape, m->kv_plan, MANAGER_KV_SEED, &r->kv, NULL);
 	else
 		k = kvcache_new_f32(&shape, &r->kv);
 	if (k != 0)

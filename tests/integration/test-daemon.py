@@ -34,6 +34,8 @@ N_TOKENS = 12
 
 
 RUNNING = []
+# The daemon's default KV type (engine/kvtype.h KV_DEFAULT_SPEC): golden answers use the same cache.
+DEFAULT_KV = "tq5_nc:tq3.5_nc"
 
 
 class Daemon:
@@ -100,7 +102,7 @@ def golden(args, prompt, n=N_TOKENS):
     """Token ids turbokv-lab generates greedily for prompt as a chat user message."""
     if (prompt, n) not in _golden:
         out = subprocess.run([args.lab, "generate", "--greedy", "--chat", "-p", prompt, "-n", str(n), "--json",
-                              "-t", THREADS], check=True, capture_output=True, text=True).stdout
+                              "-t", THREADS, "--kv", DEFAULT_KV], check=True, capture_output=True, text=True).stdout
         _golden[(prompt, n)] = json.loads(out)
     return _golden[(prompt, n)]
 
@@ -136,7 +138,7 @@ def case_generate(args, tmp):
     assert os.stat(d.sock).st_mode & 0o777 == (0o660 if os.geteuid() == 0 else 0o600)
     c = w.Conn(d.sock)
     h = c.hello()
-    assert w.first(h, 1) == 1 and w.first(h, 8) == 256 and w.first(h, 7) == b"f32", h
+    assert w.first(h, 1) == 1 and w.first(h, 8) == 256 and w.first(h, 7) == DEFAULT_KV.encode(), h
     t0 = time.monotonic()
     c.send(w.generate(1, user=PROMPTS[0], max_tokens=N_TOKENS))
     res = w.collect(c, 1)
