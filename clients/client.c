@@ -1121,6 +1121,27 @@ int tkv_session_show(TkvClient *c, const char *name, TkvSessionInfo *ret_info, T
 	return session_info_from_wire(c, reply->session_info, ret_info, err);
 }
 
+int tkv_session_save(TkvClient *c, const char *name, TkvSessionInfo *ret_info, TkvError *err)
+{
+	Turbokv__V1__ClientMessage m = TURBOKV__V1__CLIENT_MESSAGE__INIT;
+	Turbokv__V1__SessionSave sv = TURBOKV__V1__SESSION_SAVE__INIT;
+	_cleanup_(protocol_server_message_freep) Turbokv__V1__ServerMessage *reply = NULL;
+	int r;
+
+	if (!c || !ret_info)
+		return fail(err, TKV_E_INVALID_ARGUMENT, 0, "client or ret_info is NULL");
+	if (!protocol_session_name_valid(name))
+		return fail(err, TKV_E_SESSION_BAD_NAME, 0, "invalid session name \"%s\"", name ? name : "");
+	sv.request_id = c->next_id++;
+	sv.name = (char *)name;
+	m.msg_case = TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_SAVE;
+	m.session_save = &sv;
+	r = client_call(c, &m, sv.request_id, TURBOKV__V1__SERVER_MESSAGE__MSG_SESSION_INFO, &reply, err);
+	if (r != 0)
+		return r;
+	return session_info_from_wire(c, reply->session_info, ret_info, err);
+}
+
 int tkv_session_delete(TkvClient *c, const char *name, TkvError *err)
 {
 	Turbokv__V1__ClientMessage m = TURBOKV__V1__CLIENT_MESSAGE__INIT;

@@ -740,11 +740,12 @@ static int cmd_status(int argc, char **argv)
 
 static void sessions_help(void)
 {
-	printf("Usage: turbokv sessions [list | show NAME | rm NAME] [--socket PATH] [--json]\n"
+	printf("Usage: turbokv sessions [list | show NAME | save NAME | rm NAME] [--socket PATH] [--json]\n"
 	       "\n"
 	       "  list        your sessions, most recently used first, one per line:\n"
 	       "              NAME<TAB>TOKENS<TAB>BYTES_ON_DISK<TAB>LAST_USED(UTC)<TAB>memory|disk\n"
 	       "  show NAME   one session as 'key: value' lines\n"
+	       "  save NAME   write a session to disk now (also done when idle and at shutdown)\n"
 	       "  rm NAME     delete a session (memory and disk)\n"
 	       "A missing session is exit 1 with 'turbokv: error: SESSION_NOT_FOUND: ...'.\n");
 }
@@ -785,14 +786,14 @@ static int cmd_sessions(int argc, char **argv)
 		if (nargs > 1)
 			return usage_error("sessions ", "'list' takes no argument");
 		verb = "list";
-	} else if (strcmp(verb, "show") == 0 || strcmp(verb, "rm") == 0) {
+	} else if (strcmp(verb, "show") == 0 || strcmp(verb, "save") == 0 || strcmp(verb, "rm") == 0) {
 		if (nargs != 2)
 			return usage_error("sessions ", "'%s' needs exactly one NAME", verb);
 		name = argv[optind + 1];
 		if (!tkv_session_name_valid(name))
 			return usage_error("sessions ", "invalid session name '%s'", name);
 	} else
-		return usage_error("sessions ", "unknown action '%s' (list, show, rm)", verb);
+		return usage_error("sessions ", "unknown action '%s' (list, show, save, rm)", verb);
 
 	r = connect_or_report(socket, &c, json);
 	if (r >= 0)
@@ -819,9 +820,9 @@ static int cmd_sessions(int argc, char **argv)
 				printf("]}\n");
 			tkv_session_list_free(l);
 		}
-	} else if (strcmp(verb, "show") == 0) {
+	} else if (strcmp(verb, "show") == 0 || strcmp(verb, "save") == 0) {
 		TkvSessionInfo s;
-		r = tkv_session_show(c, name, &s, &err);
+		r = verb[1] == 'h' ? tkv_session_show(c, name, &s, &err) : tkv_session_save(c, name, &s, &err);
 		if (r == 0) {
 			if (json) {
 				session_print_json(&s);

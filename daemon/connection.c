@@ -265,6 +265,10 @@ static void connection_dispatch(Connection *c, const Turbokv__V1__ClientMessage 
 		sessions_show(c->manager->sessions, c->cred.uid, msg->session_show->name, c,
 			      msg->session_show->request_id);
 		break;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_SAVE:
+		sessions_save_request(c->manager->sessions, c->cred.uid, msg->session_save->name, c,
+				      msg->session_save->request_id);
+		break;
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_DELETE:
 		sessions_delete(c->manager->sessions, c->cred.uid, msg->session_delete->name, c,
 				msg->session_delete->request_id);
@@ -286,6 +290,8 @@ static uint64_t message_request_id(const Turbokv__V1__ClientMessage *m)
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_STATUS: return m->status ? m->status->request_id : 0;
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_LIST: return m->session_list ? m->session_list->request_id : 0;
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_SHOW: return m->session_show ? m->session_show->request_id : 0;
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_SAVE:
+		return m->session_save ? m->session_save->request_id : 0;
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_DELETE:
 		return m->session_delete ? m->session_delete->request_id : 0;
 	default: return 0;

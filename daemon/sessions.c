@@ -649,6 +649,28 @@ void sessions_show(Sessions *ss, uid_t uid, const char *name, Connection *c, uin
 	connection_send(c, &msg);
 }
 
+void sessions_save_request(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id)
+{
+	sessions_scan_uid(ss, uid);
+	Session *s = sessions_find(ss, uid, name, NULL);
+	if (!s) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_NOT_FOUND, "no session named '%s'", name);
+		return;
+	}
+	if (s->busy) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is in use", name);
+		return;
+	}
+	int r = session_save(ss, s); /* nothing to do when it is not dirty: the file is current */
+	if (r != 0) {
+		connection_send_error(c, request_id, PROTOCOL_E_INTERNAL,
+				      "cannot save session '%s' (the previous file is intact): %s", name,
+				      r < 0 ? strerror(-r) : "write failed");
+		return;
+	}
+	sessions_show(ss, uid, name, c, request_id);
+}
+
 void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id)
 {
 	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;

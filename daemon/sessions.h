@@ -107,6 +107,8 @@ void sessions_save_all(Sessions *ss);
 void sessions_list(Sessions *ss, uid_t uid, Connection *c, uint64_t request_id);
 void sessions_show(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id);
 void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id);
+/* SessionSave: write uid's session name now, answer with its SessionInfo. */
+void sessions_save_request(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id);
 
 /* For StatusReply. */
 unsigned sessions_n_in_memory(const Sessions *ss);

@@ -409,6 +409,12 @@ int protocol_validate_client_message(const Turbokv__V1__ClientMessage *m, size_t
 		if ((r = check_request_id(m->session_show->request_id, "session_show", err)))
 			return r;
 		return check_session_name(m->session_show->name, "session_show.name", err);
+	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_SAVE:
+		if (!m->session_save)
+			return error_set(err, PROTOCOL_E_BAD_MESSAGE, "session_save: missing");
+		if ((r = check_request_id(m->session_save->request_id, "session_save", err)))
+			return r;
+		return check_session_name(m->session_save->name, "session_save.name", err);
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_SESSION_DELETE:
 		if (!m->session_delete)
 			break;

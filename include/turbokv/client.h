@@ -343,6 +343,12 @@ TkvSessionList *tkv_session_list_free(TkvSessionList *list);
 /* One session. Returns 0 and fills *ret_info, TKV_E_SESSION_NOT_FOUND, ... */
 int tkv_session_show(TkvClient *client, const char *name, TkvSessionInfo *ret_info, TkvError *err);
 
+/*
+ * Write a session to disk now (durable when this returns 0) and fill
+ * *ret_info. Returns 0, TKV_E_SESSION_NOT_FOUND, _BUSY, ...
+ */
+int tkv_session_save(TkvClient *client, const char *name, TkvSessionInfo *ret_info, TkvError *err);
+
 /* Delete a session in memory and on disk. Returns 0, TKV_E_SESSION_NOT_FOUND, _BUSY, ... */
 int tkv_session_delete(TkvClient *client, const char *name, TkvError *err);
 

@@ -644,7 +644,7 @@ def sess_ok(res):
 
 
 def sess_request(d, payload_field, body, rid):
-    """Send SessionList (5) / SessionShow (6) / SessionDelete (7); returns (kind, fields)."""
+    """Send SessionList (5) / SessionShow (6) / SessionDelete (7) / SessionSave (8); returns (kind, fields)."""
     c = w.Conn(d.sock)
     c.hello()
     c.send(w.f_bytes(payload_field, w.f_varint(1, rid) + body))
@@ -739,6 +739,12 @@ def case_session_restart(args, tmp):
     # show and delete
     kind, f = sess_request(d, 6, w.f_bytes(2, "chat"), 8)
     assert kind == "session_info" and w.first(f, 3) > lst["chat"]["tokens"] and w.first(f, 6), (kind, f)
+    # explicit save (SessionSave, field 8): the file holds turn 2 when the reply arrives, before any idle save
+    assert os.stat(path).st_size == st.st_size
+    kind, f = sess_request(d, 8, w.f_bytes(2, "chat"), 11)
+    assert kind == "session_info" and w.first(f, 4) == os.stat(path).st_size > st.st_size, (kind, f)
+    kind, f = sess_request(d, 8, w.f_bytes(2, "nope"), 12)
+    assert kind == "error" and w.first(f, 2) == w.E["SESSION_NOT_FOUND"], (kind, f)
     kind, f = sess_request(d, 7, w.f_bytes(2, "chat"), 9)
     assert kind == "session_deleted", (kind, f)
     assert not os.path.exists(path)
