@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "codebook.h"
+#include "crc32c.h"
 #include "tq.h"
 
 #define TQ_DEFAULT_ROT_SEED 0x74757262306b7631ull /* "turb0kv1" */
@@ -44,16 +45,10 @@ struct TqCodec {
 
 /* ---- small pieces: checksum, seeds, the QJL stream ---- */
 
+/* The record checksum is the session files' CRC-32C (crc32c.h): one implementation. */
 uint32_t tq_crc32c(const void *data, size_t n)
 {
-	const uint8_t *p = data;
-	uint32_t crc = 0xffffffffu;
-	for (size_t i = 0; i < n; i++) {
-		crc ^= p[i];
-		for (int k = 0; k < 8; k++)
-			crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1)));
-	}
-	return crc ^ 0xffffffffu;
+	return crc32c(data, n);
 }
 
 static uint64_t splitmix64(uint64_t *state)
