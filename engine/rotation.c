@@ -278,6 +278,16 @@ const float *rotation_matrix(const Rotation *r)
 	return r->p;
 }
 
+const float *rotation_signs_scaled(const Rotation *r)
+{
+	return r->signs1_scaled;
+}
+
+const float *rotation_matrix_t(const Rotation *r)
+{
+	return r->pt;
+}
+
 const float *rotation_signs(const Rotation *r, int round)
 {
 	if (round == 1)

@@ -84,6 +84,15 @@ const float *rotation_matrix(const Rotation *r);
 const float *rotation_signs(const Rotation *r, int round);
 
 /*
+ * What rotation_apply() multiplies by before the first transform: the
+ * round-1 signs times d^(-rounds/2) (Hadamard; NULL for dense), and the
+ * dense P^T (d, d) it multiplies by (NULL for Hadamard). Kernels that must
+ * reproduce rotation_apply() bit for bit (engine/kv_kernel.h) read these.
+ */
+const float *rotation_signs_scaled(const Rotation *r);
+const float *rotation_matrix_t(const Rotation *r);
+
+/*
  * y (d,) = P x (d,). x and y may alias. Thread-safe (r is read-only);
  * dense uses 2 * ROTATION_MAX_DIM floats of stack.
  */

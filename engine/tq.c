@@ -15,6 +15,7 @@
 
 #include "codebook.h"
 #include "crc32c.h"
+#include "kv_kernel.h"
 #include "tq.h"
 
 #define TQ_DEFAULT_ROT_SEED 0x74757262306b7631ull /* "turb0kv1" */
@@ -848,4 +849,107 @@ void tq_output_finish(const TqCodec *c, const float *acc, float *x)
 {
 	for (int g = 0; g < c->n_groups; g++)
 		group_unrotate(&c->groups[g], acc + c->groups[g].off, x);
+}
+
+/* ---- the kernel-side view (kv_kernel.h) ---- */
+
+/* A blob being filled: arrays at 16-byte aligned offsets. */
+typedef struct BlobCursor {
+	uint8_t *base;
+	size_t used;
+} BlobCursor;
+
+static int32_t blob_put(BlobCursor *b, const void *src, size_t bytes)
+{
+	size_t off = (b->used + 15) & ~(size_t)15;
+	memcpy(b->base + off, src, bytes);
+	b->used = off + bytes;
+	return (int32_t)off;
+}
+
+/* Upper bound of the blob bytes of one rotation of dim d. */
+static size_t rot_blob_bound(int d)
+{
+	return 2 * (size_t)d * (size_t)d * sizeof(float) + 2 * 16;
+}
+
+static void rot_flatten(const Rotation *r, BlobCursor *b, KvkRot *ret)
+{
+	size_t d = (size_t)rotation_dim(r);
+	*ret = (KvkRot){ .kind = (int)rotation_kind(r), .dim = (int)d, .signs1 = -1, .signs2 = -1,
+			 .p = -1, .pt = -1 };
+	if (rotation_kind(r) == ROTATION_DENSE) {
+		ret->p = blob_put(b, rotation_matrix(r), d * d * sizeof(float));
+		ret->pt = blob_put(b, rotation_matrix_t(r), d * d * sizeof(float));
+		return;
+	}
+	ret->signs1 = blob_put(b, rotation_signs_scaled(r), d * sizeof(float));
+	if (rotation_signs(r, 2))
+		ret->signs2 = blob_put(b, rotation_signs(r, 2), d * sizeof(float));
+}
+
+static void codebook_flatten(const Codebook *cb, BlobCursor *b, int32_t *ret_cb, int32_t *ret_bd,
+			     int *ret_levels)
+{
+	*ret_cb = *ret_bd = -1;
+	*ret_levels = 0;
+	if (!cb)
+		return;
+	*ret_levels = cb->n_levels;
+	*ret_cb = blob_put(b, cb->centroids, (size_t)cb->n_levels * sizeof(float));
+	*ret_bd = blob_put(b, cb->boundaries, (size_t)(cb->n_levels - 1) * sizeof(float));
+}
+
+static_assert((int)TQ_FLAG_NORM_CORRECT == (int)KVK_FLAG_NORM_CORRECT && (int)TQ_FLAG_QJL == (int)KVK_FLAG_QJL,
+	      "kv_kernel.h's flags are tq.h's");
+static_assert(ROTATION_HADAMARD == 1 && ROTATION_DENSE == 2, "KvkRot.kind is a RotationKind");
+
+int tq_codec_kernel(const TqCodec *c, KvkCodec *ret, uint8_t **ret_blob)
+{
+	const TqLayout *L = &c->layout;
+	*ret_blob = NULL;
+	if (L->dim > KVK_MAX_DIM || L->qjl_m > KVK_MAX_QJL_M)
+		return -EINVAL;
+
+	size_t bound = 4 * ((size_t)1 << CODEBOOK_MAX_BITS) * sizeof(float) + 4 * 16;
+	for (int g = 0; g < c->n_groups; g++)
+		bound += rot_blob_bound(c->groups[g].dim) + (size_t)c->groups[g].dim * 2 + 16;
+	if (c->s)
+		bound += (size_t)L->qjl_m * (size_t)L->dim * sizeof(float) + 16;
+	if (c->s_rot)
+		bound += rot_blob_bound(L->dim);
+	BlobCursor b = { .base = calloc(1, bound) };
+	if (!b.base)
+		return -ENOMEM;
+
+	KvkCodec k = {
+		.dim = L->dim, .n_hi = L->n_hi, .bits_hi = L->bits_hi, .bits_lo = L->bits_lo,
+		.qjl_m = L->qjl_m, .n_scales = L->n_scales,
+		.off_scale = { L->off_scale[0], L->off_scale[1] }, .off_gamma = L->off_gamma,
+		.off_hi = L->off_hi, .off_lo = L->off_lo, .off_signs = L->off_signs,
+		.code_bytes = L->code_bytes,
+		.flags = c->desc.flags & (TQ_FLAG_NORM_CORRECT | TQ_FLAG_QJL),
+		.n_groups = c->n_groups, .s = -1, .qjl_const = c->qjl_const,
+	};
+	for (int g = 0; g < c->n_groups; g++) {
+		const TqGroup *G = &c->groups[g];
+		KvkGroup *kg = &k.groups[g];
+		kg->dim = G->dim;
+		kg->off = G->off;
+		kg->scale = G->scale;
+		kg->channels = G->channels ? blob_put(&b, G->channels, (size_t)G->dim * 2) : -1;
+		rot_flatten(G->rot, &b, &kg->rot);
+	}
+	codebook_flatten(c->cb_hi, &b, &k.cb_hi, &k.bd_hi, &k.levels_hi);
+	codebook_flatten(c->cb_lo, &b, &k.cb_lo, &k.bd_lo, &k.levels_lo);
+	if (c->s)
+		k.s = blob_put(&b, c->s, (size_t)L->qjl_m * (size_t)L->dim * sizeof(float));
+	if (c->s_rot)
+		rot_flatten(c->s_rot, &b, &k.s_rot);
+	assert(b.used <= bound);
+	k.blob_bytes = (uint32_t)b.used;
+	k.blob = b.base;
+	*ret = k;
+	*ret_blob = b.base;
+	return 0;
 }

@@ -341,6 +341,17 @@ void tq_inner_product_parts(const TqCodec *c, const TqQuery *query, const uint8_
 void tq_value_axpy(const TqCodec *c, float a, const uint8_t *code, float *acc);
 void tq_output_finish(const TqCodec *c, const float *acc, float *x);
 
+/* ---- the kernel-side view ---- */
+
+struct KvkCodec;
+
+/*
+ * Flatten c into *ret (engine/kv_kernel.h) with its arrays in one blob,
+ * malloc'ed into *ret_blob (ret->blob points at it; free() it). Returns
+ * 0, -EINVAL (dim > KVK_MAX_DIM or qjl_m > KVK_MAX_QJL_M) or -ENOMEM.
+ */
+int tq_codec_kernel(const TqCodec *c, struct KvkCodec *ret, uint8_t **ret_blob);
+
 /* ---- per-coordinate helpers shared with kernels (host and device) ---- */
 
 static inline TQ_HD float tq_load_f16(const uint8_t *p)

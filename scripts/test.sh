@@ -14,7 +14,7 @@ meson test -C build --print-errorlogs
 if [ ! -f build-asan/build.ninja ]; then
 	rm -rf build-asan
 	meson setup build-asan --buildtype=debugoptimized \
-		-Db_sanitize=address,undefined -Db_lundef=false >/dev/null ||
+		-Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled >/dev/null ||
 		{ rm -rf build-asan; exit 1; }
 fi
 ninja -C build-asan >/dev/null || ninja -C build-asan

@@ -1,0 +1,760 @@
+/*
+ * kv_cuda.cu: device memory of a CudaKv and the three attention kernels
+ * (kv_cuda.h describes the algorithm). The per-row arithmetic (unpacking,
+ * codebook lookups, rotations) is engine/kv_kernel.h's; what is here is
+ * the parallel structure: which thread reads what, the online softmax
+ * across a warp and the merges.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_cuda_internal.h"
+
+#define WARPS 4
+#define FULL_MASK 0xffffffffu
+
+static void set_msg(char *msg, size_t size, const char *fmt, ...)
+{
+	if (!msg || !size)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, size, fmt, ap);
+	va_end(ap);
+}
+
+/* ---- devices and plain memory ---- */
+
+extern "C" int cuda_device_count(void)
+{
+	int n = 0;
+	if (cudaGetDeviceCount(&n) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return n;
+}
+
+extern "C" int cuda_device_info(char *name, size_t name_size, int *ret_sms, double *ret_peak_gbs)
+{
+	if (cuda_device_count() < 1)
+		return -ENODEV;
+	cudaDeviceProp prop;
+	if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess)
+		return -ENODEV;
+	int mem_khz = 0, bus_bits = 0;
+	cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0);
+	cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0);
+	if (name && name_size)
+		snprintf(name, name_size, "%s", prop.name);
+	if (ret_sms)
+		*ret_sms = prop.multiProcessorCount;
+	/* double data rate: two transfers per memory clock */
+	if (ret_peak_gbs)
+		*ret_peak_gbs = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+	return 0;
+}
+
+extern "C" void *cuda_alloc(size_t bytes)
+{
+	void *p = NULL;
+	if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return NULL;
+	}
+	return p;
+}
+
+extern "C" void cuda_free(void *p)
+{
+	if (p)
+		cudaFree(p);
+}
+
+extern "C" int cuda_upload(void *dst, const void *src, size_t bytes)
+{
+	return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -EIO;
+}
+
+extern "C" int cuda_download(void *dst, const void *src, size_t bytes)
+{
+	return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -EIO;
+}
+
+extern "C" int cuda_sync(char *msg, size_t msg_size)
+{
+	cudaError_t e = cudaDeviceSynchronize();
+	if (e == cudaSuccess)
+		e = cudaGetLastError();
+	if (e == cudaSuccess)
+		return 0;
+	set_msg(msg, msg_size, "CUDA: %s", cudaGetErrorString(e));
+	return -EIO;
+}
+
+/* splitmix64 of (seed, i), two of them through Box-Muller: normal-ish test data. */
+__global__ void fill_random_kernel(float *dst, size_t n, uint64_t seed, float sigma)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= n)
+		return;
+	uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+	uint64_t r[2];
+	for (int k = 0; k < 2; k++) {
+		z += 0x9e3779b97f4a7c15ull;
+		uint64_t x = z;
+		x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+		x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+		r[k] = x ^ (x >> 31);
+	}
+	float u1 = ((float)(r[0] >> 40) + 1.0f) * (1.0f / 16777216.0f);
+	float u2 = (float)(r[1] >> 40) * (1.0f / 16777216.0f);
+	dst[i] = sigma * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+extern "C" int cuda_fill_random(float *dst, size_t n, uint64_t seed, float sigma)
+{
+	if (!n)
+		return 0;
+	fill_random_kernel<<<(unsigned)((n + 255) / 256), 256>>>(dst, n, seed, sigma);
+	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
+}
+
+/* ---- the layer ---- */
+
+static uint32_t side_row_bytes(const CudaKvSide *s, int dim)
+{
+	return s->format == KVK_TQ ? s->tq[0].code_bytes : kvk_plain_row_bytes(s->format, dim);
+}
+
+static int side_check(const CudaKvSide *s, const CudaKvShape *sh, const char *what, char *msg,
+		      size_t msg_size)
+{
+	if (s->format < KVK_F32 || s->format > KVK_TQ) {
+		set_msg(msg, msg_size, "%s: unknown format %d", what, s->format);
+		return -EINVAL;
+	}
+	if (s->format != KVK_TQ) {
+		if (s->hadamard && (sh->dim & (sh->dim - 1))) {
+			set_msg(msg, msg_size, "%s: +h needs a power-of-two head_dim, not %d", what,
+				sh->dim);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	if (!s->tq) {
+		set_msg(msg, msg_size, "%s: TQ side without codecs", what);
+		return -EINVAL;
+	}
+	for (int h = 0; h < sh->n_kv_heads; h++)
+		if (s->tq[h].dim != sh->dim || s->tq[h].code_bytes != s->tq[0].code_bytes ||
+		    s->tq[h].qjl_m != s->tq[0].qjl_m) {
+			set_msg(msg, msg_size, "%s: the codec of kv-head %d does not fit the shape",
+				what, h);
+			return -EINVAL;
+		}
+	return 0;
+}
+
+extern "C" CudaKv *cuda_kv_free(CudaKv *kv)
+{
+	if (kv) {
+		cudaFree(kv->p.base);
+		cudaFree(kv->d_codecs);
+		cudaFree(kv->d_blobs);
+		cudaFree(kv->scratch);
+		free(kv);
+	}
+	return NULL;
+}
+
+extern "C" int cuda_kv_new(const CudaKvShape *sh, const CudaKvSide *k, const CudaKvSide *v,
+			   CudaKv **ret, char *msg, size_t msg_size)
+{
+	if (sh->n_seqs < 1 || sh->n_seqs > CUDA_KV_MAX_SEQS || sh->n_kv_heads < 1 ||
+	    sh->n_heads < sh->n_kv_heads || sh->n_heads % sh->n_kv_heads ||
+	    sh->n_heads / sh->n_kv_heads > CUDA_KV_MAX_G || sh->dim < 32 || sh->dim % 32 ||
+	    sh->dim > KVK_MAX_DIM || sh->capacity < 1) {
+		set_msg(msg, msg_size,
+			"GPU KV cache: unsupported shape (%d heads, %d kv-heads, head_dim %d, %d "
+			"sequences, capacity %lld): head_dim must be a multiple of 32 up to %d, at most "
+			"%d query heads per kv-head, 1 to %d sequences", sh->n_heads, sh->n_kv_heads,
+			sh->dim, sh->n_seqs, (long long)sh->capacity, KVK_MAX_DIM, CUDA_KV_MAX_G,
+			CUDA_KV_MAX_SEQS);
+		return -EINVAL;
+	}
+	int r = side_check(k, sh, "keys", msg, msg_size);
+	if (r < 0 || (r = side_check(v, sh, "values", msg, msg_size)) < 0)
+		return r;
+	if (cuda_device_count() < 1) {
+		set_msg(msg, msg_size, "no CUDA device");
+		return -ENODEV;
+	}
+
+	CudaKv *kv = (CudaKv *)calloc(1, sizeof(*kv));
+	if (!kv)
+		return -ENOMEM;
+	kv->shape = *sh;
+	KvcParams *p = &kv->p;
+	p->n_heads = sh->n_heads;
+	p->n_kv_heads = sh->n_kv_heads;
+	p->dim = sh->dim;
+	p->group = sh->n_heads / sh->n_kv_heads;
+	p->capacity_blocks = (sh->capacity + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	p->kb = side_row_bytes(k, sh->dim);
+	p->vb = side_row_bytes(v, sh->dim);
+	p->block_bytes = CUDA_KV_BLOCK * (p->kb + p->vb);
+	p->kfmt = k->format;
+	p->vfmt = v->format;
+	p->khad = k->hadamard;
+	p->vhad = v->hadamard;
+	p->qjl_m = k->format == KVK_TQ && (k->tq[0].flags & KVK_FLAG_QJL) ? k->tq[0].qjl_m : 0;
+	cudaDeviceGetAttribute(&kv->n_sms, cudaDevAttrMultiProcessorCount, 0);
+
+	size_t blocks = (size_t)sh->n_seqs * sh->n_kv_heads * (size_t)p->capacity_blocks;
+	size_t bytes = blocks * p->block_bytes;
+	if (cudaMalloc((void **)&p->base, bytes) != cudaSuccess ||
+	    cudaMemset(p->base, 0, bytes) != cudaSuccess) {
+		(void)cudaGetLastError();
+		set_msg(msg, msg_size, "GPU KV cache: out of device memory for %zu MiB of blocks",
+			bytes >> 20);
+		cuda_kv_free(kv);
+		return -ENOMEM;
+	}
+
+	/* codecs: K heads then V heads, blobs packed one after another */
+	int nk = sh->n_kv_heads;
+	KvkCodec *host = (KvkCodec *)calloc(2 * (size_t)nk, sizeof(KvkCodec));
+	size_t blob_total = 0;
+	for (int s = 0; s < 2; s++) {
+		const CudaKvSide *side = s ? v : k;
+		for (int h = 0; side->format == KVK_TQ && h < nk; h++)
+			blob_total += (side->tq[h].blob_bytes + 15) & ~(size_t)15;
+	}
+	if (!host || cudaMalloc((void **)&kv->d_codecs, 2 * nk * sizeof(KvkCodec)) != cudaSuccess ||
+	    cudaMalloc((void **)&kv->d_blobs, blob_total ? blob_total : 16) != cudaSuccess) {
+		(void)cudaGetLastError();
+		free(host);
+		cuda_kv_free(kv);
+		return -ENOMEM;
+	}
+	size_t off = 0;
+	for (int s = 0; s < 2; s++) {
+		const CudaKvSide *side = s ? v : k;
+		for (int h = 0; side->format == KVK_TQ && h < nk; h++) {
+			KvkCodec *c = &host[s * nk + h];
+			*c = side->tq[h];
+			if (cudaMemcpy(kv->d_blobs + off, c->blob, c->blob_bytes, cudaMemcpyHostToDevice) !=
+			    cudaSuccess) {
+				free(host);
+				cuda_kv_free(kv);
+				return -EIO;
+			}
+			c->blob = kv->d_blobs + off;
+			off += (c->blob_bytes + 15) & ~(size_t)15;
+		}
+	}
+	r = cudaMemcpy(kv->d_codecs, host, 2 * nk * sizeof(KvkCodec), cudaMemcpyHostToDevice) ==
+		    cudaSuccess ? 0 : -EIO;
+	free(host);
+	if (r < 0) {
+		cuda_kv_free(kv);
+		return r;
+	}
+	p->kc = kv->d_codecs;
+	p->vc = kv->d_codecs + nk;
+	*ret = kv;
+	return 0;
+}
+
+extern "C" uint32_t cuda_kv_row_bytes(const CudaKv *kv, bool values)
+{
+	return values ? kv->p.vb : kv->p.kb;
+}
+
+extern "C" size_t cuda_kv_block_bytes(const CudaKv *kv)
+{
+	return kv->p.block_bytes;
+}
+
+extern "C" size_t cuda_kv_bytes(const CudaKv *kv)
+{
+	return (size_t)kv->shape.n_seqs * kv->shape.n_kv_heads * (size_t)kv->p.capacity_blocks *
+	       kv->p.block_bytes;
+}
+
+extern "C" void cuda_kv_set_split(CudaKv *kv, int blocks_per_split)
+{
+	kv->split_blocks = blocks_per_split > 0 ? blocks_per_split : 0;
+}
+
+static uint8_t *block_ptr(const CudaKv *kv, int seq, int head, int64_t b)
+{
+	return kv->p.base + (((int64_t)seq * kv->p.n_kv_heads + head) * kv->p.capacity_blocks + b) *
+				    kv->p.block_bytes;
+}
+
+static bool block_ok(const CudaKv *kv, int seq, int head, int64_t b, size_t len)
+{
+	return seq >= 0 && seq < kv->shape.n_seqs && head >= 0 && head < kv->p.n_kv_heads && b >= 0 &&
+	       b < kv->p.capacity_blocks && len == kv->p.block_bytes;
+}
+
+extern "C" int cuda_kv_block_read(const CudaKv *kv, int seq, int head, int64_t b, void *host,
+				  size_t len)
+{
+	if (!block_ok(kv, seq, head, b, len))
+		return -EINVAL;
+	return cuda_download(host, block_ptr(kv, seq, head, b), len);
+}
+
+extern "C" int cuda_kv_block_write(CudaKv *kv, int seq, int head, int64_t b, const void *host,
+				   size_t len)
+{
+	if (!block_ok(kv, seq, head, b, len))
+		return -EINVAL;
+	return cuda_upload(block_ptr(kv, seq, head, b), host, len);
+}
+
+extern "C" int cuda_kv_copy_seq(CudaKv *kv, int dst, int src)
+{
+	if (dst < 0 || src < 0 || dst >= kv->shape.n_seqs || src >= kv->shape.n_seqs)
+		return -EINVAL;
+	size_t bytes = (size_t)kv->p.n_kv_heads * kv->p.capacity_blocks * kv->p.block_bytes;
+	return cudaMemcpy(block_ptr(kv, dst, 0, 0), block_ptr(kv, src, 0, 0), bytes,
+			  cudaMemcpyDeviceToDevice) == cudaSuccess ? 0 : -EIO;
+}
+
+extern "C" int cuda_kv_append(CudaKv *kv, int seq, int64_t pos0, int64_t n_tok, const float *k,
+			      const float *v)
+{
+	if (seq < 0 || seq >= kv->shape.n_seqs || pos0 < 0 || n_tok < 0 ||
+	    pos0 + n_tok > kv->shape.capacity)
+		return -EINVAL;
+	return kvc_launch_append(&kv->p, seq, pos0, n_tok, k, v);
+}
+
+/* ---- attention ---- */
+
+/* Positions per sequence of one attend call, by value. */
+typedef struct KvcRows {
+	int64_t pos0[CUDA_KV_MAX_SEQS];
+	int n_seqs;
+	int64_t n_tok;
+} KvcRows;
+
+static __device__ __forceinline__ int64_t row_ctx(const KvcRows &r, int64_t row)
+{
+	return r.pos0[row / r.n_tok] + row % r.n_tok + 1;
+}
+
+/*
+ * 1. prepare: one thread per (row, query head). qp (rows, n_heads, dim)
+ * = the query in the keys' stored domain times 1/sqrt(dim); sq (rows,
+ * n_heads, qjl_m) = S P q times the same.
+ */
+__global__ void kvc_prepare_kernel(KvcParams p, int64_t n_rows, const float *q, float *qp, float *sq)
+{
+	int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (idx >= n_rows * p.n_heads)
+		return;
+	int head = (int)(idx % p.n_heads);
+	const float *qi = q + idx * p.dim;
+	float *qo = qp + idx * p.dim;
+	float *so = sq + idx * (p.qjl_m ? p.qjl_m : 1);
+	const float scale = rsqrtf((float)p.dim);
+	if (p.kfmt == KVK_TQ) {
+		kvk_tq_query_prepare(&p.kc[head / p.group], qi, qo, so);
+		for (int i = 0; i < p.qjl_m; i++)
+			so[i] *= scale;
+	} else {
+		for (int i = 0; i < p.dim; i++)
+			qo[i] = qi[i];
+		if (p.khad)
+			kvk_hadamard(qo, p.dim);
+	}
+	for (int i = 0; i < p.dim; i++)
+		qo[i] *= scale;
+}
+
+/* s[g] = <qs[g], key> for the G query heads, a TQ key: codes unpacked once. */
+static __device__ __forceinline__ void score_tq(const KvkCodec &c, const float *cbh,
+						const float *cbl, const float *qs, const float *sqs,
+						int dim, int m, int G, const uint8_t *code,
+						float s[CUDA_KV_MAX_G])
+{
+	float hi[CUDA_KV_MAX_G], lo[CUDA_KV_MAX_G], qj[CUDA_KV_MAX_G];
+#pragma unroll
+	for (int g = 0; g < CUDA_KV_MAX_G; g++)
+		hi[g] = lo[g] = qj[g] = 0.0f;
+	for (int i = 0; i < c.n_hi; i++) {
+		float v = cbh[bitpack_get(code + c.off_hi, c.bits_hi, (size_t)i)];
+#pragma unroll
+		for (int g = 0; g < CUDA_KV_MAX_G; g++)
+			if (g < G)
+				hi[g] += qs[g * dim + i] * v;
+	}
+	for (int i = c.n_hi; i < dim; i++) {
+		float v = cbl[bitpack_get(code + c.off_lo, c.bits_lo, (size_t)(i - c.n_hi))];
+#pragma unroll
+		for (int g = 0; g < CUDA_KV_MAX_G; g++)
+			if (g < G)
+				lo[g] += qs[g * dim + i] * v;
+	}
+	float s_hi = kvk_load_f16(code + c.off_scale[0]);
+	float s_lo = kvk_load_f16(code + c.off_scale[c.n_scales - 1]);
+	if (m) {
+		const uint8_t *signs = code + c.off_signs;
+		for (int i = 0; i < m; i++) {
+			float z = (float)(2 * ((signs[i >> 3] >> (i & 7)) & 1) - 1);
+#pragma unroll
+			for (int g = 0; g < CUDA_KV_MAX_G; g++)
+				if (g < G)
+					qj[g] += z * sqs[g * m + i];
+		}
+	}
+	float gk = m ? c.qjl_const * kvk_load_f16(code + c.off_gamma) : 0.0f;
+#pragma unroll
+	for (int g = 0; g < CUDA_KV_MAX_G; g++)
+		s[g] = s_hi * hi[g] + s_lo * lo[g] + gk * qj[g];
+}
+
+/* s[g] = <qs[g], key> for a plain-format key row. */
+template <int FMT>
+static __device__ __forceinline__ void score_plain(const float *qs, int dim, int G,
+						   const uint8_t *row, float s[CUDA_KV_MAX_G])
+{
+#pragma unroll
+	for (int g = 0; g < CUDA_KV_MAX_G; g++)
+		s[g] = 0.0f;
+	if constexpr (FMT == KVK_F16) {
+		/* 16-byte loads: rows are 2 * dim bytes, dim a multiple of 32 */
+		const uint4 *r4 = (const uint4 *)row;
+		for (int c = 0; c < dim / 8; c++) {
+			uint4 w = r4[c];
+			uint32_t u[4] = { w.x, w.y, w.z, w.w };
+#pragma unroll
+			for (int k = 0; k < 8; k++) {
+				float v = half_to_f32((tkv_half)(u[k / 2] >> (16 * (k % 2))));
+#pragma unroll
+				for (int g = 0; g < CUDA_KV_MAX_G; g++)
+					if (g < G)
+						s[g] += qs[g * dim + 8 * c + k] * v;
+			}
+		}
+	} else {
+		for (int i = 0; i < dim; i++) {
+			float v = kvk_plain_value(FMT, row, i);
+#pragma unroll
+			for (int g = 0; g < CUDA_KV_MAX_G; g++)
+				if (g < G)
+					s[g] += qs[g * dim + i] * v;
+		}
+	}
+}
+
+static __device__ __forceinline__ float value_at(const KvcParams &p, const KvkCodec &vc,
+						 const uint8_t *row, int i)
+{
+	switch (p.vfmt) {
+	case KVK_TQ:
+		return kvk_tq_value(&vc, row, i);
+	case KVK_F16:
+		return kvk_load_f16(row + 2 * i);
+	default:
+		return kvk_plain_value(p.vfmt, row, i);
+	}
+}
+
+/*
+ * 2. split: grid (split, kv-head, row), WARPS warps; DPL = dim / 32 value
+ * dims per lane. part (rows, n_heads, n_splits, dim + 2): (max, sum, acc).
+ */
+template <int DPL>
+__global__ void __launch_bounds__(WARPS * 32)
+kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, const float *qp,
+		 const float *sq, float *part)
+{
+	extern __shared__ float sh[];
+	const int split = blockIdx.x, kvh = blockIdx.y;
+	const int64_t row = blockIdx.z;
+	const int G = p.group, dim = p.dim, m = p.qjl_m;
+	const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+	const KvkCodec &kc = p.kc[kvh];
+	const KvkCodec &vc = p.vc[kvh];
+
+	/* shared: queries (G, dim), sketches (G, m), K centroids hi / lo (256 each) */
+	float *qs = sh, *sqs = qs + G * dim, *cbh = sqs + G * m, *cbl = cbh + 256;
+	const float *qsrc = qp + (row * p.n_heads + kvh * G) * dim;
+	for (int i = tid; i < G * dim; i += blockDim.x)
+		qs[i] = qsrc[i];
+	if (m) {
+		const float *ssrc = sq + (row * p.n_heads + kvh * G) * m;
+		for (int i = tid; i < G * m; i += blockDim.x)
+			sqs[i] = ssrc[i];
+	}
+	if (p.kfmt == KVK_TQ) {
+		for (int i = tid; i < kc.levels_hi; i += blockDim.x)
+			cbh[i] = kvk_floats(&kc, kc.cb_hi)[i];
+		for (int i = tid; i < kc.levels_lo; i += blockDim.x)
+			cbl[i] = kvk_floats(&kc, kc.cb_lo)[i];
+	}
+	__syncthreads();
+
+	const int64_t ctx = row_ctx(rows, row);
+	const int64_t n_blk = (ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int64_t b0 = (int64_t)split * blocks_per_split;
+	const int64_t b1 = min(b0 + blocks_per_split, n_blk);
+	const int seq = (int)(row / rows.n_tok);
+	const uint8_t *head_base =
+		p.base + ((int64_t)seq * p.n_kv_heads + kvh) * p.capacity_blocks * p.block_bytes;
+
+	float mx[CUDA_KV_MAX_G], l[CUDA_KV_MAX_G], acc[CUDA_KV_MAX_G][DPL];
+#pragma unroll
+	for (int g = 0; g < CUDA_KV_MAX_G; g++) {
+		mx[g] = -INFINITY;
+		l[g] = 0.0f;
+#pragma unroll
+		for (int c = 0; c < DPL; c++)
+			acc[g][c] = 0.0f;
+	}
+
+	for (int64_t b = b0 + warp; b < b1; b += WARPS) {
+		const uint8_t *blk = head_base + b * p.block_bytes;
+		const int n_valid = (int)min((int64_t)CUDA_KV_BLOCK, ctx - b * CUDA_KV_BLOCK);
+		float s[CUDA_KV_MAX_G];
+		if (lane < n_valid) {
+			const uint8_t *key = blk + (size_t)lane * p.kb;
+			switch (p.kfmt) {
+			case KVK_TQ:
+				score_tq(kc, cbh, cbl, qs, sqs, dim, m, G, key, s);
+				break;
+			case KVK_F16:
+				score_plain<KVK_F16>(qs, dim, G, key, s);
+				break;
+			case KVK_F32:
+				score_plain<KVK_F32>(qs, dim, G, key, s);
+				break;
+			case KVK_Q8_0:
+				score_plain<KVK_Q8_0>(qs, dim, G, key, s);
+				break;
+			default:
+				score_plain<KVK_Q4_0>(qs, dim, G, key, s);
+				break;
+			}
+		} else {
+#pragma unroll
+			for (int g = 0; g < CUDA_KV_MAX_G; g++)
+				s[g] = -INFINITY;
+		}
+
+		/* online softmax across the warp, per head */
+		float pr[CUDA_KV_MAX_G];
+#pragma unroll
+		for (int g = 0; g < CUDA_KV_MAX_G; g++) {
+			if (g >= G)
+				break;
+			float bm = s[g];
+			for (int o = 16; o > 0; o /= 2)
+				bm = fmaxf(bm, __shfl_xor_sync(FULL_MASK, bm, o));
+			float nm = fmaxf(mx[g], bm); /* finite: lane 0 is always valid */
+			pr[g] = lane < n_valid ? __expf(s[g] - nm) : 0.0f;
+			float sum = pr[g];
+			for (int o = 16; o > 0; o /= 2)
+				sum += __shfl_xor_sync(FULL_MASK, sum, o);
+			float corr = mx[g] == -INFINITY ? 0.0f : __expf(mx[g] - nm);
+			l[g] = l[g] * corr + sum;
+			mx[g] = nm;
+#pragma unroll
+			for (int c = 0; c < DPL; c++)
+				acc[g][c] *= corr;
+		}
+
+		/* values: lane owns dims lane + 32 c */
+		const uint8_t *vrows = blk + CUDA_KV_BLOCK * (size_t)p.kb;
+		for (int j = 0; j < n_valid; j++) {
+			const uint8_t *vr = vrows + (size_t)j * p.vb;
+			float val[DPL];
+#pragma unroll
+			for (int c = 0; c < DPL; c++)
+				val[c] = value_at(p, vc, vr, lane + 32 * c);
+#pragma unroll
+			for (int g = 0; g < CUDA_KV_MAX_G; g++) {
+				if (g >= G)
+					break;
+				float pj = __shfl_sync(FULL_MASK, pr[g], j);
+#pragma unroll
+				for (int c = 0; c < DPL; c++)
+					acc[g][c] += pj * val[c];
+			}
+		}
+	}
+
+	/* merge the warps: shared (WARPS, G, dim + 2), reusing the query area */
+	__syncthreads();
+	const int stride = dim + 2;
+#pragma unroll
+	for (int g = 0; g < CUDA_KV_MAX_G; g++) {
+		if (g >= G)
+			break;
+		float *w = sh + (warp * G + g) * stride;
+		if (lane == 0) {
+			w[0] = mx[g];
+			w[1] = l[g];
+		}
+#pragma unroll
+		for (int c = 0; c < DPL; c++)
+			w[2 + lane + 32 * c] = acc[g][c];
+	}
+	__syncthreads();
+	for (int k = tid; k < G * dim; k += blockDim.x) {
+		int g = k / dim, i = k % dim;
+		float M = -INFINITY;
+		for (int w = 0; w < WARPS; w++)
+			M = fmaxf(M, sh[(w * G + g) * stride]);
+		float L = 0.0f, A = 0.0f;
+		if (M != -INFINITY)
+			for (int w = 0; w < WARPS; w++) {
+				const float *src = sh + (w * G + g) * stride;
+				if (src[0] == -INFINITY)
+					continue;
+				float e = __expf(src[0] - M);
+				L += src[1] * e;
+				A += src[2 + i] * e;
+			}
+		float *dst = part + ((row * p.n_heads + kvh * G + g) * n_splits + split) * stride;
+		if (i == 0) {
+			dst[0] = M;
+			dst[1] = L;
+		}
+		dst[2 + i] = A;
+	}
+}
+
+/*
+ * 3. combine: one block of dim threads per (row, head): merge the splits,
+ * normalise, rotate back.
+ */
+__global__ void kvc_combine_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits,
+				   const float *part, float *out)
+{
+	extern __shared__ float sh[];
+	float *a = sh, *o = sh + p.dim;
+	const int64_t rh = blockIdx.x; /* row * n_heads + head */
+	const int head = (int)(rh % p.n_heads);
+	const int64_t row = rh / p.n_heads;
+	const int i = threadIdx.x, stride = p.dim + 2;
+	/* splits past the row's context were not written */
+	const int64_t n_blk = (row_ctx(rows, row) + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int used = (int)min((int64_t)n_splits, (n_blk + blocks_per_split - 1) / blocks_per_split);
+	const float *src = part + rh * n_splits * stride;
+
+	float M = -INFINITY;
+	for (int s = 0; s < used; s++)
+		M = fmaxf(M, src[s * stride]);
+	float L = 0.0f, A = 0.0f;
+	for (int s = 0; s < used; s++) {
+		const float *ps = src + s * stride;
+		if (ps[0] == -INFINITY)
+			continue;
+		float e = __expf(ps[0] - M);
+		L += ps[1] * e;
+		A += ps[2 + i] * e;
+	}
+	a[i] = L > 0.0f ? A / L : 0.0f;
+	__syncthreads();
+	if (i == 0) {
+		if (p.vfmt == KVK_TQ) {
+			kvk_tq_output_finish(&p.vc[head / p.group], a, o);
+		} else {
+			for (int k = 0; k < p.dim; k++)
+				o[k] = a[k];
+			if (p.vhad)
+				kvk_hadamard(o, p.dim);
+		}
+	}
+	__syncthreads();
+	out[rh * p.dim + i] = o[i];
+}
+
+template <int DPL>
+static void launch_split(const KvcParams &p, const KvcRows &rows, int64_t n_rows, int bps,
+			 int n_splits, const float *qp, const float *sq, float *part)
+{
+	size_t prep = (size_t)p.group * (p.dim + p.qjl_m) + 512;
+	size_t merge = (size_t)WARPS * p.group * (p.dim + 2);
+	size_t shmem = (prep > merge ? prep : merge) * sizeof(float);
+	dim3 grid((unsigned)n_splits, (unsigned)p.n_kv_heads, (unsigned)n_rows);
+	kvc_split_kernel<DPL><<<grid, WARPS * 32, shmem>>>(p, rows, bps, n_splits, qp, sq, part);
+}
+
+extern "C" int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok,
+			      const float *q, float *out)
+{
+	const KvcParams &p = kv->p;
+	if (n_seqs < 1 || n_seqs > kv->shape.n_seqs || n_tok < 1)
+		return -EINVAL;
+	KvcRows rows;
+	memset(&rows, 0, sizeof(rows));
+	rows.n_seqs = n_seqs;
+	rows.n_tok = n_tok;
+	int64_t max_ctx = 0;
+	for (int s = 0; s < n_seqs; s++) {
+		if (pos0[s] < 0 || pos0[s] + n_tok > kv->shape.capacity)
+			return -EINVAL;
+		rows.pos0[s] = pos0[s];
+		max_ctx = pos0[s] + n_tok > max_ctx ? pos0[s] + n_tok : max_ctx;
+	}
+	const int64_t n_rows = (int64_t)n_seqs * n_tok;
+	const int64_t max_blocks = (max_ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+
+	/* splits: enough blocks of threads to fill the GPU about four times over */
+	int bps = kv->split_blocks;
+	if (!bps) {
+		int64_t items = n_rows * p.n_kv_heads;
+		int64_t want = (4 * (int64_t)(kv->n_sms ? kv->n_sms : 100) + items - 1) / items;
+		if (want < 1)
+			want = 1;
+		bps = (int)((max_blocks + want - 1) / want);
+		if (bps < WARPS)
+			bps = WARPS;
+	}
+	const int n_splits = (int)((max_blocks + bps - 1) / bps);
+
+	/* scratch: prepared queries, sketches, partials */
+	const int m1 = p.qjl_m ? p.qjl_m : 1;
+	size_t n_qp = (size_t)n_rows * p.n_heads * p.dim, n_sq = (size_t)n_rows * p.n_heads * m1;
+	size_t n_part = (size_t)n_rows * p.n_heads * n_splits * (p.dim + 2);
+	size_t need = (n_qp + n_sq + n_part) * sizeof(float);
+	if (need > kv->scratch_bytes) {
+		cudaFree(kv->scratch);
+		kv->scratch = NULL;
+		kv->scratch_bytes = 0;
+		if (cudaMalloc((void **)&kv->scratch, need) != cudaSuccess) {
+			(void)cudaGetLastError();
+			return -ENOMEM;
+		}
+		kv->scratch_bytes = need;
+	}
+	float *qp = kv->scratch, *sq = qp + n_qp, *part = sq + n_sq;
+
+	int64_t n_prep = n_rows * p.n_heads;
+	kvc_prepare_kernel<<<(unsigned)((n_prep + 63) / 64), 64>>>(p, n_rows, q, qp, sq);
+	switch (p.dim / 32) {
+	case 1: launch_split<1>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 2: launch_split<2>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 3: launch_split<3>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 4: launch_split<4>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 5: launch_split<5>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 6: launch_split<6>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 7: launch_split<7>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	default: launch_split<8>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	}
+	kvc_combine_kernel<<<(unsigned)n_prep, p.dim, 2 * p.dim * sizeof(float)>>>(p, rows, bps,
+										  n_splits, part, out);
+	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
+}
