@@ -21,20 +21,6 @@
 #define BT KVSTORE_BLOCK_TOKENS
 #define WRITE_BUF_BYTES (256u << 10)
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-	uint64_t v = 0;
-	for (int i = 0; i < n; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 const char *session_error_name(int code)
 {
 	switch (code) {

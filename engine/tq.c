@@ -355,20 +355,6 @@ void tq_desc_name(const TqDesc *d, char *buf, size_t size)
 
 /* ---- the record ---- */
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-	uint64_t v = 0;
-	for (int i = 0; i < n; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 int tq_desc_encode(const TqDesc *d, uint8_t out[TQ_DESC_RECORD_BYTES])
 {
 	int r = tq_desc_validate(d, NULL);

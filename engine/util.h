@@ -111,3 +111,21 @@ void json_write_string(FILE *f, const char *s, size_t len);
 
 /* Monotonic clock in nanoseconds, for timings reported to users. */
 uint64_t now_ns(void);
+
+/* ---- little-endian fields of file formats (session files, codec records) ---- */
+
+/* p[0 .. n-1] = the n low bytes of v, least significant first. */
+static inline void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The n-byte little-endian value at p. */
+static inline uint64_t get_le(const uint8_t *p, int n)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < n; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
