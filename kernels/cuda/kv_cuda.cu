@@ -381,27 +381,34 @@ __global__ void kvc_prepare_kernel(KvcParams p, int64_t n_rows, const float *q, 
 		qo[i] *= scale;
 }
 
+/*
+ * MG (template): the register arrays' size, G <= MG query heads per
+ * kv-head; 4 for the common GQA shapes, 8 otherwise (registers: an 8-head
+ * kernel needs about half again as many, which costs occupancy).
+ */
+
 /* s[g] = <qs[g], key> for the G query heads, a TQ key: codes unpacked once. */
+template <int MG>
 static __device__ __forceinline__ void score_tq(const KvkCodec &c, const float *cbh,
 						const float *cbl, const float *qs, const float *sqs,
 						int dim, int m, int G, const uint8_t *code,
-						float s[CUDA_KV_MAX_G])
+						float s[MG])
 {
-	float hi[CUDA_KV_MAX_G], lo[CUDA_KV_MAX_G], qj[CUDA_KV_MAX_G];
+	float hi[MG], lo[MG], qj[MG];
 #pragma unroll
-	for (int g = 0; g < CUDA_KV_MAX_G; g++)
+	for (int g = 0; g < MG; g++)
 		hi[g] = lo[g] = qj[g] = 0.0f;
 	for (int i = 0; i < c.n_hi; i++) {
 		float v = cbh[bitpack_get(code + c.off_hi, c.bits_hi, (size_t)i)];
 #pragma unroll
-		for (int g = 0; g < CUDA_KV_MAX_G; g++)
+		for (int g = 0; g < MG; g++)
 			if (g < G)
 				hi[g] += qs[g * dim + i] * v;
 	}
 	for (int i = c.n_hi; i < dim; i++) {
 		float v = cbl[bitpack_get(code + c.off_lo, c.bits_lo, (size_t)(i - c.n_hi))];
 #pragma unroll
-		for (int g = 0; g < CUDA_KV_MAX_G; g++)
+		for (int g = 0; g < MG; g++)
 			if (g < G)
 				lo[g] += qs[g * dim + i] * v;
 	}
@@ -412,24 +419,24 @@ static __device__ __forceinline__ void score_tq(const KvkCodec &c, const float *
 		for (int i = 0; i < m; i++) {
 			float z = (float)(2 * ((signs[i >> 3] >> (i & 7)) & 1) - 1);
 #pragma unroll
-			for (int g = 0; g < CUDA_KV_MAX_G; g++)
+			for (int g = 0; g < MG; g++)
 				if (g < G)
 					qj[g] += z * sqs[g * m + i];
 		}
 	}
 	float gk = m ? c.qjl_const * kvk_load_f16(code + c.off_gamma) : 0.0f;
 #pragma unroll
-	for (int g = 0; g < CUDA_KV_MAX_G; g++)
+	for (int g = 0; g < MG; g++)
 		s[g] = s_hi * hi[g] + s_lo * lo[g] + gk * qj[g];
 }
 
 /* s[g] = <qs[g], key> for a plain-format key row. */
-template <int FMT>
+template <int FMT, int MG>
 static __device__ __forceinline__ void score_plain(const float *qs, int dim, int G,
-						   const uint8_t *row, float s[CUDA_KV_MAX_G])
+						   const uint8_t *row, float s[MG])
 {
 #pragma unroll
-	for (int g = 0; g < CUDA_KV_MAX_G; g++)
+	for (int g = 0; g < MG; g++)
 		s[g] = 0.0f;
 	if constexpr (FMT == KVK_F16) {
 		/* 16-byte loads: rows are 2 * dim bytes, dim a multiple of 32 */
@@ -441,7 +448,7 @@ static __device__ __forceinline__ void score_plain(const float *qs, int dim, int
 			for (int k = 0; k < 8; k++) {
 				float v = half_to_f32((tkv_half)(u[k / 2] >> (16 * (k % 2))));
 #pragma unroll
-				for (int g = 0; g < CUDA_KV_MAX_G; g++)
+				for (int g = 0; g < MG; g++)
 					if (g < G)
 						s[g] += qs[g * dim + 8 * c + k] * v;
 			}
@@ -450,7 +457,7 @@ static __device__ __forceinline__ void score_plain(const float *qs, int dim, int
 		for (int i = 0; i < dim; i++) {
 			float v = kvk_plain_value(FMT, row, i);
 #pragma unroll
-			for (int g = 0; g < CUDA_KV_MAX_G; g++)
+			for (int g = 0; g < MG; g++)
 				if (g < G)
 					s[g] += qs[g * dim + i] * v;
 		}
@@ -474,7 +481,7 @@ static __device__ __forceinline__ float value_at(const KvcParams &p, const KvkCo
  * 2. split: grid (split, kv-head, row), WARPS warps; DPL = dim / 32 value
  * dims per lane. part (rows, n_heads, n_splits, dim + 2): (max, sum, acc).
  */
-template <int DPL>
+template <int DPL, int MG>
 __global__ void __launch_bounds__(WARPS * 32)
 kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, const float *qp,
 		 const float *sq, float *part)
@@ -513,9 +520,9 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 	const uint8_t *head_base =
 		p.base + ((int64_t)seq * p.n_kv_heads + kvh) * p.capacity_blocks * p.block_bytes;
 
-	float mx[CUDA_KV_MAX_G], l[CUDA_KV_MAX_G], acc[CUDA_KV_MAX_G][DPL];
+	float mx[MG], l[MG], acc[MG][DPL];
 #pragma unroll
-	for (int g = 0; g < CUDA_KV_MAX_G; g++) {
+	for (int g = 0; g < MG; g++) {
 		mx[g] = -INFINITY;
 		l[g] = 0.0f;
 #pragma unroll
@@ -526,36 +533,36 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 	for (int64_t b = b0 + warp; b < b1; b += WARPS) {
 		const uint8_t *blk = head_base + b * p.block_bytes;
 		const int n_valid = (int)min((int64_t)CUDA_KV_BLOCK, ctx - b * CUDA_KV_BLOCK);
-		float s[CUDA_KV_MAX_G];
+		float s[MG];
 		if (lane < n_valid) {
 			const uint8_t *key = blk + (size_t)lane * p.kb;
 			switch (p.kfmt) {
 			case KVK_TQ:
-				score_tq(kc, cbh, cbl, qs, sqs, dim, m, G, key, s);
+				score_tq<MG>(kc, cbh, cbl, qs, sqs, dim, m, G, key, s);
 				break;
 			case KVK_F16:
-				score_plain<KVK_F16>(qs, dim, G, key, s);
+				score_plain<KVK_F16, MG>(qs, dim, G, key, s);
 				break;
 			case KVK_F32:
-				score_plain<KVK_F32>(qs, dim, G, key, s);
+				score_plain<KVK_F32, MG>(qs, dim, G, key, s);
 				break;
 			case KVK_Q8_0:
-				score_plain<KVK_Q8_0>(qs, dim, G, key, s);
+				score_plain<KVK_Q8_0, MG>(qs, dim, G, key, s);
 				break;
 			default:
-				score_plain<KVK_Q4_0>(qs, dim, G, key, s);
+				score_plain<KVK_Q4_0, MG>(qs, dim, G, key, s);
 				break;
 			}
 		} else {
 #pragma unroll
-			for (int g = 0; g < CUDA_KV_MAX_G; g++)
+			for (int g = 0; g < MG; g++)
 				s[g] = -INFINITY;
 		}
 
 		/* online softmax across the warp, per head */
-		float pr[CUDA_KV_MAX_G];
+		float pr[MG];
 #pragma unroll
-		for (int g = 0; g < CUDA_KV_MAX_G; g++) {
+		for (int g = 0; g < MG; g++) {
 			if (g >= G)
 				break;
 			float bm = s[g];
@@ -583,7 +590,7 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 			for (int c = 0; c < DPL; c++)
 				val[c] = value_at(p, vc, vr, lane + 32 * c);
 #pragma unroll
-			for (int g = 0; g < CUDA_KV_MAX_G; g++) {
+			for (int g = 0; g < MG; g++) {
 				if (g >= G)
 					break;
 				float pj = __shfl_sync(FULL_MASK, pr[g], j);
@@ -598,7 +605,7 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 	__syncthreads();
 	const int stride = dim + 2;
 #pragma unroll
-	for (int g = 0; g < CUDA_KV_MAX_G; g++) {
+	for (int g = 0; g < MG; g++) {
 		if (g >= G)
 			break;
 		float *w = sh + (warp * G + g) * stride;
@@ -681,7 +688,7 @@ __global__ void kvc_combine_kernel(KvcParams p, KvcRows rows, int blocks_per_spl
 	out[rh * p.dim + i] = o[i];
 }
 
-template <int DPL>
+template <int DPL, int MG>
 static void launch_split(const KvcParams &p, const KvcRows &rows, int64_t n_rows, int bps,
 			 int n_splits, const float *qp, const float *sq, float *part)
 {
@@ -689,7 +696,34 @@ static void launch_split(const KvcParams &p, const KvcRows &rows, int64_t n_rows
 	size_t merge = (size_t)WARPS * p.group * (p.dim + 2);
 	size_t shmem = (prep > merge ? prep : merge) * sizeof(float);
 	dim3 grid((unsigned)n_splits, (unsigned)p.n_kv_heads, (unsigned)n_rows);
-	kvc_split_kernel<DPL><<<grid, WARPS * 32, shmem>>>(p, rows, bps, n_splits, qp, sq, part);
+	kvc_split_kernel<DPL, MG><<<grid, WARPS * 32, shmem>>>(p, rows, bps, n_splits, qp, sq, part);
+}
+
+/* The split kernel for this head_dim and group (head_dim 64 and 128 have a 4-head variant). */
+static void launch_split_for(const KvcParams &p, const KvcRows &rows, int64_t n_rows, int bps,
+			     int n_splits, const float *qp, const float *sq, float *part)
+{
+	bool small = p.group <= 4;
+	switch (p.dim / 32) {
+	case 1: launch_split<1, 8>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 2:
+		if (small)
+			launch_split<2, 4>(p, rows, n_rows, bps, n_splits, qp, sq, part);
+		else
+			launch_split<2, 8>(p, rows, n_rows, bps, n_splits, qp, sq, part);
+		break;
+	case 3: launch_split<3, 8>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 4:
+		if (small)
+			launch_split<4, 4>(p, rows, n_rows, bps, n_splits, qp, sq, part);
+		else
+			launch_split<4, 8>(p, rows, n_rows, bps, n_splits, qp, sq, part);
+		break;
+	case 5: launch_split<5, 8>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 6: launch_split<6, 8>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	case 7: launch_split<7, 8>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	default: launch_split<8, 8>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
+	}
 }
 
 extern "C" int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok,
@@ -744,16 +778,7 @@ extern "C" int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64
 
 	int64_t n_prep = n_rows * p.n_heads;
 	kvc_prepare_kernel<<<(unsigned)((n_prep + 63) / 64), 64>>>(p, n_rows, q, qp, sq);
-	switch (p.dim / 32) {
-	case 1: launch_split<1>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
-	case 2: launch_split<2>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
-	case 3: launch_split<3>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
-	case 4: launch_split<4>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
-	case 5: launch_split<5>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
-	case 6: launch_split<6>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
-	case 7: launch_split<7>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
-	default: launch_split<8>(p, rows, n_rows, bps, n_splits, qp, sq, part); break;
-	}
+	launch_split_for(p, rows, n_rows, bps, n_splits, qp, sq, part);
 	kvc_combine_kernel<<<(unsigned)n_prep, p.dim, 2 * p.dim * sizeof(float)>>>(p, rows, bps,
 										  n_splits, part, out);
 	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
