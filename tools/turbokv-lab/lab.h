@@ -93,3 +93,4 @@ int lab_specs_add(const char *arg, char **specs, int *n, int max);
 int cmd_kld(int argc, char **argv);
 int cmd_niah(int argc, char **argv);
 int cmd_kvstats(int argc, char **argv);
+int cmd_genmodel(int argc, char **argv);

@@ -19,6 +19,7 @@ static const struct {
 	{ "kld", cmd_kld, "KL divergence of KV types against an f32 cache on a text" },
 	{ "niah", cmd_niah, "needle-in-a-haystack recall of KV types beside f32" },
 	{ "kvstats", cmd_kvstats, "per-layer K/V and attention error of KV types on real activations" },
+	{ "gen-model", cmd_genmodel, "write a llama GGUF with seeded random weights (any shape)" },
 };
 
 static void usage(FILE *f)
