@@ -509,6 +509,7 @@ static void query_prepare(const KvSide *ks, const float *q, TqQuery *tqq, KvAttn
 	} else {
 		kvquant_query_prepare(&ks->type, q, ret->q);
 	}
+	kv_attn_query_prepare(&ks->rows, ret);
 }
 
 /* One work item: query heads of kv-head h at token t over blocks of chunk c. */

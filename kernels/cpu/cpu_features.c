@@ -2,7 +2,8 @@
  * cpu_features.c: run-time detection of the SIMD extensions our fast
  * kernels use (AVX2, FMA, F16C), checked once with cpuid/xgetbv.
  *
- * Owns the answer to "may the *_avx2.c kernels run here"; does not own
+ * Owns the answer to "may the *_avx2.c (*_avx512.c) kernels run here";
+ * does not own
  * the dispatch itself (matmul.c and friends ask per call, so tests can
  * flip cpu_features_disable_simd() at any time).
  */
@@ -16,10 +17,10 @@
 
 #include "cpu_features.h"
 
-static CpuFeatures detected;
+static CpuFeatures detected, detected_avx2_only;
 static const CpuFeatures none;
 static atomic_int detect_state; /* 0: not yet, 1: running, 2: done */
-static atomic_bool simd_disabled;
+static atomic_bool simd_disabled, avx512_disabled;
 
 #if defined(__x86_64__) || defined(__i386__)
 static unsigned long long xgetbv0(void)
@@ -39,13 +40,19 @@ static void features_detect(CpuFeatures *f)
 	bool osxsave = c & (1u << 27);
 	bool avx = c & (1u << 28);
 	/* The OS must save the YMM state (XCR0 bits 1 and 2) for AVX to be usable. */
-	if (!osxsave || !avx || (xgetbv0() & 0x6) != 0x6)
+	if (!osxsave || !avx)
+		return;
+	unsigned long long xcr0 = xgetbv0();
+	if ((xcr0 & 0x6) != 0x6)
 		return;
 	f->fma = c & (1u << 12);
 	f->f16c = c & (1u << 29);
 	if (__get_cpuid_max(0, NULL) >= 7) {
 		__cpuid_count(7, 0, a, b, c, d);
 		f->avx2 = b & (1u << 5);
+		/* F (16), DQ (17), BW (30), VL (31); XCR0 5..7: opmask and ZMM state */
+		unsigned need = 1u << 16 | 1u << 17 | 1u << 30 | 1u << 31;
+		f->avx512 = (b & need) == need && (xcr0 & 0xe6) == 0xe6;
 	}
 }
 #else
@@ -62,7 +69,12 @@ static void features_init(void)
 		const char *e = getenv("TURBOKV_NO_SIMD");
 		if (e && *e && strcmp(e, "0") != 0)
 			atomic_store(&simd_disabled, true);
+		e = getenv("TURBOKV_NO_AVX512");
+		if (e && *e && strcmp(e, "0") != 0)
+			atomic_store(&avx512_disabled, true);
 		features_detect(&detected);
+		detected_avx2_only = detected;
+		detected_avx2_only.avx512 = false;
 		atomic_store_explicit(&detect_state, 2, memory_order_release);
 		return;
 	}
@@ -78,6 +90,8 @@ const CpuFeatures *cpu_features(void)
 		features_init();
 	if (atomic_load_explicit(&simd_disabled, memory_order_relaxed))
 		return &none;
+	if (atomic_load_explicit(&avx512_disabled, memory_order_relaxed))
+		return &detected_avx2_only;
 	return &detected;
 }
 
@@ -86,4 +100,11 @@ void cpu_features_disable_simd(bool disable)
 	if (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
 		features_init();
 	atomic_store(&simd_disabled, disable);
+}
+
+void cpu_features_disable_avx512(bool disable)
+{
+	if (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
+		features_init();
+	atomic_store(&avx512_disabled, disable);
 }

@@ -7,7 +7,7 @@
  * kvquant_axpy_*) and engine/tq.c (tq_inner_product, the value sums of
  * the store), written again here so the kernel library does not call up
  * into the engine; test-kvstore checks them against dequantize-then-exact
- * attention, test-kvattn checks the AVX2 kernels against them.
+ * attention, test-kvattn checks the AVX2 and AVX-512 kernels against them.
  */
 #include <errno.h>
 #include <math.h>
@@ -76,6 +76,8 @@ int kv_attn_rows_init_tq(KvAttnRows *rows, const TqLayout *layout, const float *
 		int bits = s ? layout->bits_lo : layout->bits_hi;
 		if (rows->cb[s] && bits <= 4)
 			codebook_int8(rows->cb[s], 1 << bits, rows->cb8[s], &rows->cb8_scale[s]);
+		if (rows->cb[s] && bits <= 5)
+			memcpy(rows->cb32[s], rows->cb[s], sizeof(float) << bits);
 	}
 	return 0;
 }
@@ -85,11 +87,30 @@ static int pad32(int n)
 	return (n + KV_ATTN_PAD - 1) / KV_ATTN_PAD * KV_ATTN_PAD;
 }
 
+/* Where coordinate k of a stream of n codes of `bits` bits sits in decode order (kv_attn.h). */
+static int decode_pos(int k, int n, int bits)
+{
+	if (bits == 4 && k / 32 * 32 + 32 <= n)
+		return k / 32 * 32 + (k % 2) * 16 + (k % 32) / 2;
+	return k;
+}
+
 void kv_attn_query_prepare(const KvAttnRows *keys, KvAttnQuery *q)
 {
-	if (keys->format != KV_ATTN_TQ || !keys->int8)
+	int d = keys->dim;
+	if (keys->format != KV_ATTN_TQ) {
+		memcpy(q->qd, q->q, (size_t)d * sizeof(float));
 		return;
-	int d = keys->dim, n_hi = keys->tq.n_hi, hi_pad = pad32(n_hi);
+	}
+	int n_hi = keys->tq.n_hi, hi_pad = pad32(n_hi);
+	for (int i = 0; i < d; i++) {
+		bool hi = i < n_hi;
+		int base = hi ? 0 : n_hi;
+		q->qd[base + decode_pos(i - base, hi ? n_hi : d - n_hi, hi ? keys->tq.bits_hi : keys->tq.bits_lo)] =
+			q->q[i];
+	}
+	if (!keys->int8)
+		return;
 	float m = 0.0f;
 	for (int i = 0; i < d; i++)
 		m = fmaxf(m, fabsf(q->q[i]));
@@ -98,10 +119,7 @@ void kv_attn_query_prepare(const KvAttnRows *keys, KvAttnQuery *q)
 	for (int i = 0; i < d; i++) {
 		bool hi = i < n_hi;
 		int k = hi ? i : i - n_hi, n = hi ? n_hi : d - n_hi;
-		int at = (hi ? 0 : hi_pad) + k;
-		/* full 32-chunks of 4-bit codes: even coordinates, then odd ones */
-		if ((hi ? keys->tq.bits_hi : keys->tq.bits_lo) == 4 && k / 32 * 32 + 32 <= n)
-			at = (hi ? 0 : hi_pad) + k / 32 * 32 + (k % 2) * 16 + (k % 32) / 2;
+		int at = (hi ? 0 : hi_pad) + decode_pos(k, n, hi ? keys->tq.bits_hi : keys->tq.bits_lo);
 		long v = lrintf(q->q[i] * inv);
 		q->q8[at] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
 	}
@@ -265,17 +283,28 @@ bool kv_attn_have_avx2(void)
 #endif
 }
 
+bool kv_attn_have_avx512(void)
+{
+	return cpu_features()->avx512 && kv_attn_have_avx2();
+}
+
 KvAttnScoresFn kv_attn_scores_get(void)
 {
+	if (kv_attn_have_avx512())
+		return kv_attn_scores_avx512;
 	return kv_attn_have_avx2() ? kv_attn_scores_avx2 : kv_attn_scores_ref;
 }
 
 KvAttnSoftmaxFn kv_attn_softmax_get(void)
 {
+	if (kv_attn_have_avx512())
+		return kv_attn_softmax_avx512;
 	return kv_attn_have_avx2() ? kv_attn_softmax_avx2 : kv_attn_softmax_ref;
 }
 
 KvAttnValuesFn kv_attn_values_get(void)
 {
+	if (kv_attn_have_avx512())
+		return kv_attn_values_avx512;
 	return kv_attn_have_avx2() ? kv_attn_values_avx2 : kv_attn_values_ref;
 }

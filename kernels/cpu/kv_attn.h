@@ -7,9 +7,11 @@
  *
  * Owns: the stored-row descriptor the kernels read (KvAttnRows), the
  * prepared query (KvAttnQuery), a scalar reference per kernel
- * (kv_attn.c, the definition of the sums) and AVX2 twins
- * (kv_attn_avx2.c), chosen at run time like the weight kernels
- * (cpu_features(); TURBOKV_NO_SIMD=1 forces the references). Not here:
+ * (kv_attn.c, the definition of the sums), AVX2 twins
+ * (kv_attn_avx2.c) and AVX-512 score and value kernels
+ * (kv_attn_avx512.c), chosen at run time like the weight kernels
+ * (cpu_features(); TURBOKV_NO_SIMD=1 forces the references,
+ * TURBOKV_NO_AVX512=1 stops at AVX2). Not here:
  * rotations, codebooks and encoding (engine/tq.h, engine/kvquant.h), the
  * online softmax and block bookkeeping (engine/kvstore.c).
  *
@@ -30,8 +32,8 @@
  *   acc[g * acc_ld + i] += sum_j p[g * ld + j] * v~_j[i]
  * with v~ in the stored (for TQ: rotated, s_g c[idx_i]) domain.
  *
- * The references use the float query as given, and so do the AVX2
- * kernels in use: they agree with the references to float rounding
+ * The references use the float query as given, and so do the AVX2 and
+ * AVX-512 kernels in use: they agree with the references to float rounding
  * (summation order; TQ centroids are looked up exactly, as floats).
  *
  * Measured alternative, not selected: an int8 TQ score kernel
@@ -77,6 +79,7 @@ typedef struct KvAttnRows {
 	TqLayout tq;            /* offsets of the code record */
 	const float *cb[2];     /* centroids of the hi / lo stream (NULL when empty) */
 	float qjl_const;        /* K (0 without QJL) */
+	float cb32[2][32];      /* cb[s] zero-padded to 32 entries (<= 5 bits; AVX-512 lookups) */
 	bool int8;              /* int8 scoring allowed: every stream <= 4 bits */
 	float cb8_scale[2];     /* cs of the hi / lo codebook */
 	int8_t cb8[2][16];      /* round(c_k / cs), hi / lo (int8 kernel) */
@@ -85,10 +88,15 @@ typedef struct KvAttnRows {
 /*
  * A prepared query head. The caller fills q (the query in the stored
  * domain: P q for TQ, R q for +h, else q) and, for TQ keys with QJL, sq
- * (S P q); kv_attn_query_prepare() adds the integer form (int8 kernel only).
+ * (S P q); kv_attn_query_prepare() then adds the forms the kernels read:
+ *   qd  q in decode order: in every full 32-coordinate chunk of a 4-bit
+ *       TQ stream the even coordinates first, then the odd ones (how the
+ *       AVX-512 kernels unpack 4-bit codes), elsewhere as q;
+ *   q8  the int8 form (int8 kernel, rows->int8 only), in the same order.
  */
 typedef struct KvAttnQuery {
 	float q[TQ_MAX_DIM];      /* (dim,) */
+	float qd[TQ_MAX_DIM];     /* (dim,) */
 	float sq[TQ_MAX_QJL_M];   /* (qjl_m,) */
 	float q8_scale;           /* qs */
 	/* (pad32(n_hi) + pad32(dim - n_hi),): hi stream, then lo stream, zero padded */
@@ -104,7 +112,11 @@ int kv_attn_rows_init(KvAttnRows *rows, KvAttnFormat format, int dim);
 int kv_attn_rows_init_tq(KvAttnRows *rows, const TqLayout *layout, const float *cb_hi,
 			 const float *cb_lo, float qjl_const);
 
-/* Derive q8, q8_abs, q8_scale from q->q (TQ keys with rows->int8 only; otherwise a no-op). */
+/*
+ * Derive qd from q->q, and q8, q8_abs, q8_scale for TQ keys with
+ * rows->int8. Call once per query head, after q (and sq): every kernel
+ * may read these.
+ */
 void kv_attn_query_prepare(const KvAttnRows *keys, KvAttnQuery *q);
 
 /*
@@ -132,6 +144,15 @@ void kv_attn_values_avx2(const KvAttnRows *vals, const float *p, int ld, int G, 
 			 int n, float *acc, int acc_ld);
 
 /*
+ * AVX-512 (F/DQ/BW/VL, plus the AVX2 set) twins: call only when
+ * kv_attn_have_avx512(). TQ keys with QJL are scored by the AVX2 kernel.
+ */
+void kv_attn_scores_avx512(const KvAttnRows *keys, const KvAttnQuery *q, int G, const uint8_t *k,
+			   int n, float scale, float *scores, int ld);
+void kv_attn_values_avx512(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			   int n, float *acc, int acc_ld);
+
+/*
  * The int8 TQ score kernel described above (needs kv_attn_query_prepare();
  * rows without rows->int8 go to the float path). Measured, tested, not
  * dispatched.
@@ -151,11 +172,14 @@ void kv_attn_scores_tq_int8_avx2(const KvAttnRows *keys, const KvAttnQuery *q, i
 typedef void (*KvAttnSoftmaxFn)(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr);
 void kv_attn_softmax_ref(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr);
 void kv_attn_softmax_avx2(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr);
+void kv_attn_softmax_avx512(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr);
 KvAttnSoftmaxFn kv_attn_softmax_get(void);
 
 /* Whether the AVX2 kernels may run (CPU features, SIMD not disabled). */
 bool kv_attn_have_avx2(void);
+/* Whether the AVX-512 kernels may run (and AVX2 too; AVX-512 not disabled). */
+bool kv_attn_have_avx512(void);
 
-/* The kernels to use now: AVX2 where allowed, else the references. */
+/* The kernels to use now: AVX-512, else AVX2 where allowed, else the references. */
 KvAttnScoresFn kv_attn_scores_get(void);
 KvAttnValuesFn kv_attn_values_get(void);

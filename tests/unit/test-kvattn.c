@@ -1,6 +1,6 @@
 /*
- * test-kvattn.c: the AVX2 KV attention kernels (kernels/cpu/kv_attn.h)
- * against their scalar references, for every TurboQuant width (1..8, .5
+ * test-kvattn.c: the AVX2 and AVX-512 KV attention kernels
+ * (kernels/cpu/kv_attn.h) against their scalar references, for every TurboQuant width (1..8, .5
  * splits, outlier groups, +qjl / +sqjl), f32, f16, q8_0 and q4_0 rows,
  * block lengths that are and are not multiples of 8 and 32, head dims
  * that are not powers of two, and 1..5 query heads per kv-head.
@@ -14,7 +14,8 @@
  * against dequantize-then-exact attention by test-kvstore.
  *
  * With AVX2 available it also prints a small timing of the score and
- * value kernels (ns per key, tq4 at head_dim 64, 3 query heads).
+ * value kernels (ns per key, head_dim 64, 3 query heads); the AVX-512
+ * kernels are checked and timed where the CPU has them.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -119,9 +120,11 @@ static void case_plain(Case *c, KvAttnFormat f, int dim, uint64_t *st)
 		kvquant_store(&t, x, c->k + j * rb);
 		kvquant_load(&t, c->k + j * rb, c->deq + j * dim);
 	}
-	for (int g = 0; g < GMAX; g++)
+	for (int g = 0; g < GMAX; g++) {
 		for (int i = 0; i < dim; i++)
 			c->q[g].q[i] = test_rand_normal(st);
+		kv_attn_query_prepare(&c->rows, &c->q[g]);
+	}
 }
 
 static double norm(const float *x, int n)
@@ -194,8 +197,8 @@ static void check_scores(const Case *c, const char *what, KvAttnScoresFn fn, boo
 		}
 }
 
-/* Value sums of the AVX2 kernel against the reference. */
-static void check_values(const Case *c, const char *what, int G, int n, uint64_t *st)
+/* Value sums of fn against the reference. */
+static void check_values(const Case *c, const char *what, KvAttnValuesFn fn, int G, int n, uint64_t *st)
 {
 	enum { LD = TQ_MAX_DIM + 3 };
 	static float p[GMAX * NK], want[GMAX * LD], got[GMAX * LD];
@@ -205,7 +208,7 @@ static void check_values(const Case *c, const char *what, int G, int n, uint64_t
 	for (int i = 0; i < GMAX * LD; i++)
 		want[i] = got[i] = test_rand_normal(st);
 	kv_attn_values_ref(&c->rows, p, NK, G, c->k, n, want, LD);
-	kv_attn_values_avx2(&c->rows, p, NK, G, c->k, n, got, LD);
+	fn(&c->rows, p, NK, G, c->k, n, got, LD);
 	for (int g = 0; g < GMAX; g++)
 		for (int i = 0; i < LD; i++) {
 			if (g >= G || i >= d) {
@@ -230,11 +233,19 @@ static void check_case(const Case *c, const char *what, uint64_t *st)
 		for (size_t gi = 0; gi < ARRAY_SIZE(groups); gi++) {
 			int n = lens[li], G = groups[gi];
 			bool int8 = c->rows.format == KV_ATTN_TQ && c->rows.int8;
+			bool values = c->rows.format != KV_ATTN_TQ || c->rows.tq.qjl_m == 0;
 			check_scores(c, what, kv_attn_scores_avx2, false, G, n);
 			if (c->rows.format == KV_ATTN_TQ)
 				check_scores(c, what, kv_attn_scores_tq_int8_avx2, int8, G, n);
-			if (c->rows.format != KV_ATTN_TQ || c->rows.tq.qjl_m == 0)
-				check_values(c, what, G, n, st);
+			if (values)
+				check_values(c, what, kv_attn_values_avx2, G, n, st);
+			if (!kv_attn_have_avx512())
+				continue;
+			char what5[80];
+			snprintf(what5, sizeof(what5), "%s (avx512)", what);
+			check_scores(c, what5, kv_attn_scores_avx512, false, G, n);
+			if (values)
+				check_values(c, what5, kv_attn_values_avx512, G, n, st);
 		}
 }
 
@@ -244,6 +255,8 @@ START_TEST(tq_kernels_match_reference)
 		fprintf(stderr, "kvattn: no AVX2 (or TURBOKV_NO_SIMD): nothing to compare\n");
 		return;
 	}
+	if (_i == 0 && !kv_attn_have_avx512())
+		fprintf(stderr, "kvattn: no AVX-512 (or TURBOKV_NO_AVX512): AVX2 kernels only\n");
 	uint64_t st = test_seed() + (uint64_t)_i;
 	const char *name = tq_names[_i];
 	for (size_t di = 0; di < ARRAY_SIZE(tq_dims); di++) {
@@ -331,8 +344,12 @@ START_TEST(int8_bound_is_tight)
 }
 END_TEST
 
+/* _i: 0 the AVX2 kernel, 1 the AVX-512 one (each where the CPU has it). */
 START_TEST(softmax_matches_reference)
 {
+	if (_i == 0 ? !kv_attn_have_avx2() : !kv_attn_have_avx512())
+		return;
+	KvAttnSoftmaxFn fn = _i == 0 ? kv_attn_softmax_avx2 : kv_attn_softmax_avx512;
 	uint64_t st = test_seed() + 300;
 	for (int trial = 0; trial < 50; trial++) {
 		int G = 1 + trial % GMAX, n = 1 + (trial * 7) % NK;
@@ -345,8 +362,7 @@ START_TEST(softmax_matches_reference)
 			l_ref[g] = l_got[g] = trial % 3 == 0 ? 0.0f : 3.0f * test_rand_uniform(&st);
 		}
 		kv_attn_softmax_ref(s_ref, NK, G, n, m_ref, l_ref, c_ref);
-		(kv_attn_have_avx2() ? kv_attn_softmax_avx2 : kv_attn_softmax_ref)(s_got, NK, G, n, m_got, l_got,
-										  c_got);
+		fn(s_got, NK, G, n, m_got, l_got, c_got);
 		for (int g = 0; g < G; g++) {
 			ck_assert_float_eq(m_got[g], m_ref[g]);
 			ck_assert_float_eq(c_got[g], c_ref[g]);
@@ -448,6 +464,13 @@ static double time_lut_gather(const Case *c, int G)
 }
 #endif
 
+static void timing_avx512(const Case *c, const char *name)
+{
+	if (kv_attn_have_avx512())
+		fprintf(stderr, "kvattn timing %-8s d=64 G=3, ns/key: scores avx512 %.1f; values avx512 %.1f\n", name,
+			time_scores(c, kv_attn_scores_avx512, 3), time_values(c, kv_attn_values_avx512, 3));
+}
+
 START_TEST(timing)
 {
 #if defined(__SANITIZE_ADDRESS__)
@@ -465,6 +488,7 @@ START_TEST(timing)
 			names[i], time_scores(&c, kv_attn_scores_ref, 3), time_scores(&c, kv_attn_scores_avx2, 3),
 			time_scores(&c, kv_attn_scores_tq_int8_avx2, 3), time_values(&c, kv_attn_values_ref, 3),
 			time_values(&c, kv_attn_values_avx2, 3));
+		timing_avx512(&c, names[i]);
 #if defined(__x86_64__)
 		if (i == 0)
 			fprintf(stderr, "kvattn timing tq4      d=64 G=3, ns/key: scores by q_i c[k] tables + vgatherdps %.1f\n",
@@ -481,6 +505,16 @@ START_TEST(timing)
 		fprintf(stderr, "kvattn timing %-8s d=64 G=3, ns/key: scores ref %.1f, avx2 %.1f; values ref %.1f, avx2 %.1f\n",
 			plain[i].name, time_scores(&c, kv_attn_scores_ref, 3), time_scores(&c, kv_attn_scores_avx2, 3),
 			time_values(&c, kv_attn_values_ref, 3), time_values(&c, kv_attn_values_avx2, 3));
+		timing_avx512(&c, plain[i].name);
+		case_free(&c);
+	}
+	static const char *const more[] = { "tq5", "tq3.5" }; /* the default type's key and value halves */
+	for (size_t i = 0; i < ARRAY_SIZE(more); i++) {
+		Case c;
+		case_tq(&c, more[i], 64, &st);
+		fprintf(stderr, "kvattn timing %-8s d=64 G=3, ns/key: scores avx2 %.1f; values avx2 %.1f\n", more[i],
+			time_scores(&c, kv_attn_scores_avx2, 3), time_values(&c, kv_attn_values_avx2, 3));
+		timing_avx512(&c, more[i]);
 		case_free(&c);
 	}
 }
@@ -495,7 +529,7 @@ static Suite *kvattn_suite(void)
 	tcase_add_test(tc, plain_kernels_match_reference);
 	tcase_add_test(tc, tq_value_helpers);
 	tcase_add_test(tc, int8_bound_is_tight);
-	tcase_add_test(tc, softmax_matches_reference);
+	tcase_add_loop_test(tc, softmax_matches_reference, 0, 2);
 	suite_add_tcase(s, tc);
 	TCase *tt = tcase_create("timing");
 	tcase_set_timeout(tt, 600);
