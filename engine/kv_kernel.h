@@ -377,6 +377,53 @@ static inline KVK_HD float kvk_tq_score(const KvkCodec *c, const float *cb_hi, c
 	return mse + c->qjl_const * (kvk_load_f16(code + c->off_gamma) * acc);
 }
 
+/*
+ * s[g] = <qs[g], key> for G <= MG prepared query heads of one kv-head
+ * (qs (G, dim) rotated queries, sqs (G, qjl_m) sketched ones): the same
+ * estimator as kvk_tq_score(), with each code unpacked and looked up
+ * once for all G heads. The CUDA split kernel runs exactly this (MG 4
+ * and 8: register arrays need a constant size, and C has no templates,
+ * hence the macro); test-kv-kernel checks it against tq_inner_product().
+ */
+#define KVK_DEFINE_TQ_SCORE_HEADS(MG)                                                                   \
+	static inline KVK_HD void kvk_tq_score_heads_##MG(const KvkCodec *c, const float *cbh,            \
+							  const float *cbl, const float *qs,              \
+							  const float *sqs, int G, const uint8_t *code,   \
+							  float *s)                                        \
+	{                                                                                                \
+		float hi[MG], lo[MG], qj[MG];                                                            \
+		for (int g = 0; g < MG; g++)                                                             \
+			hi[g] = lo[g] = qj[g] = 0.0f;                                                    \
+		for (int i = 0; i < c->n_hi; i++) {                                                      \
+			float v = cbh[bitpack_get(code + c->off_hi, c->bits_hi, (size_t)i)];             \
+			for (int g = 0; g < MG; g++)                                                     \
+				if (g < G)                                                               \
+					hi[g] += qs[g * c->dim + i] * v;                                 \
+		}                                                                                        \
+		for (int i = c->n_hi; i < c->dim; i++) {                                                 \
+			float v = cbl[bitpack_get(code + c->off_lo, c->bits_lo, (size_t)(i - c->n_hi))]; \
+			for (int g = 0; g < MG; g++)                                                     \
+				if (g < G)                                                               \
+					lo[g] += qs[g * c->dim + i] * v;                                 \
+		}                                                                                        \
+		float s_hi = kvk_load_f16(code + c->off_scale[0]);                                      \
+		float s_lo = kvk_load_f16(code + c->off_scale[c->n_scales - 1]);                        \
+		int m = c->flags & KVK_FLAG_QJL ? c->qjl_m : 0;                                          \
+		const uint8_t *signs = code + c->off_signs;                                              \
+		for (int i = 0; i < m; i++) {                                                            \
+			float z = (float)(2 * ((signs[i >> 3] >> (i & 7)) & 1) - 1);                     \
+			for (int g = 0; g < MG; g++)                                                     \
+				if (g < G)                                                               \
+					qj[g] += z * sqs[g * m + i];                                     \
+		}                                                                                        \
+		float gk = m ? c->qjl_const * kvk_load_f16(code + c->off_gamma) : 0.0f;                  \
+		for (int g = 0; g < MG; g++)                                                             \
+			if (g < G)                                                                       \
+				s[g] = s_hi * hi[g] + s_lo * lo[g] + gk * qj[g];                         \
+	}
+KVK_DEFINE_TQ_SCORE_HEADS(4)
+KVK_DEFINE_TQ_SCORE_HEADS(8)
+
 /* x (dim,) = P^T acc, the output back from the rotated domain (tq_output_finish()). */
 static inline KVK_HD void kvk_tq_output_finish(const KvkCodec *c, const float *acc, float *x)
 {

@@ -535,9 +535,18 @@ static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h,
 		query_prepare(&H->k, j->q + ((size_t)t * sh->n_heads + (size_t)h * G + g) * d, sc->tqq,
 			      &sc->q[g]);
 
+	size_t blk_bytes = BT * (L->k_bytes + L->v_bytes);
 	for (int64_t b = b0; b < b1; b++) {
 		const uint8_t *blk = H->blocks[b];
 		int nj = (int)MIN((int64_t)BT, n_ctx - b * BT);
+		/*
+		 * Blocks are separate allocations, so the hardware prefetcher
+		 * stops at each block's end: ask for the next one while this
+		 * one is scored (all of it: keys and values are both read).
+		 */
+		if (b + 1 < b1)
+			for (size_t off = 0; off < blk_bytes; off += 64)
+				__builtin_prefetch(H->blocks[b + 1] + off, 0, 3);
 		/* scores: each key row read once for all query heads */
 		j->scores(&H->k.rows, sc->q, G, blk, nj, scale, sc->scores, BT);
 		/* online softmax: rescale what came before to the new running max */

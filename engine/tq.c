@@ -323,9 +323,13 @@ int tq_desc_from_name(const char *name, int dim, TqDesc *ret, Error *err)
 		d.qjl_m = dim;
 		d.qjl_seed = TQ_DEFAULT_QJL_SEED;
 	}
-	if (strcmp(p, "_nc") == 0) {
+	if (strncmp(p, "_nc", 3) == 0) {
 		p += 3;
 		d.flags |= TQ_FLAG_NORM_CORRECT;
+	}
+	if (strcmp(p, "_r1") == 0) {
+		p += 3;
+		d.rounds = 1;
 	}
 	if (*p)
 		return error_set(err, TQ_E_BAD_DESC, "mode '%s': unexpected '%s'", name, p);
@@ -347,10 +351,10 @@ void tq_desc_name(const TqDesc *d, char *buf, size_t size)
 		snprintf(split, sizeof(split), ".5");
 	else if (d->n_hi > 0)
 		snprintf(split, sizeof(split), "h%d", d->n_hi);
-	snprintf(buf, size, "tq%d%s%s%s%s", d->bits + (qjl ? 1 : 0), split,
+	snprintf(buf, size, "tq%d%s%s%s%s%s", d->bits + (qjl ? 1 : 0), split,
 		 d->group == TQ_GROUP_OUTLIER_CHANNELS ? "o" : "",
 		 !qjl ? "" : (d->flags & TQ_FLAG_QJL_STRUCTURED) ? "+sqjl" : "+qjl",
-		 (d->flags & TQ_FLAG_NORM_CORRECT) ? "_nc" : "");
+		 (d->flags & TQ_FLAG_NORM_CORRECT) ? "_nc" : "", d->rounds == 1 ? "_r1" : "");
 }
 
 /* ---- the record ---- */

@@ -242,7 +242,8 @@ void tq_desc_init(TqDesc *d, int dim, int bits);
  * A descriptor from a mode name: "tq<B>" (B 1..8), "tq<B>.5" (half split,
  * B 1..7), "tq<B>h<n>" (n_hi = n), then optional "o" (OUTLIER_CHANNELS;
  * the mask still has to be chosen), "+qjl" (Gaussian S, m = dim) or
- * "+sqjl" (structured S), "_nc" (norm correction). With +qjl the number is
+ * "+sqjl" (structured S), "_nc" (norm correction), "_r1" (one Hadamard
+ * round instead of two; dense rotations have one anyway). With +qjl the number is
  * the total bits per coordinate: "tq3+qjl" has desc.bits = 2. The result
  * is validated except for an unchosen outlier mask. Returns 0 or
  * TQ_E_BAD_DESC.

@@ -103,11 +103,16 @@ void kv_attn_query_prepare(const KvAttnRows *keys, KvAttnQuery *q)
 		return;
 	}
 	int n_hi = keys->tq.n_hi, hi_pad = pad32(n_hi);
-	for (int i = 0; i < d; i++) {
-		bool hi = i < n_hi;
-		int base = hi ? 0 : n_hi;
-		q->qd[base + decode_pos(i - base, hi ? n_hi : d - n_hi, hi ? keys->tq.bits_hi : keys->tq.bits_lo)] =
-			q->q[i];
+	memcpy(q->qd, q->q, (size_t)d * sizeof(float));
+	for (int s = 0; s < 2; s++) { /* the full 4-bit chunks: evens, then odds (decode_pos) */
+		int n = s ? d - n_hi : n_hi, off = s ? n_hi : 0;
+		if ((s ? keys->tq.bits_lo : keys->tq.bits_hi) != 4)
+			continue;
+		for (int c = off; c + 32 <= off + n; c += 32)
+			for (int k = 0; k < 16; k++) {
+				q->qd[c + k] = q->q[c + 2 * k];
+				q->qd[c + 16 + k] = q->q[c + 2 * k + 1];
+			}
 	}
 	if (!keys->int8)
 		return;

@@ -12,10 +12,11 @@
  * the f16 cache the TQ types are compared with gets the same width.
  *
  * Shapes are those of the AVX2 kernels: codes are unpacked 32 at a time
- * to bytes (kv_attn_x86.h), widened to 16 dword indices and looked up;
- * scores keep one 16-lane partial per (head, key), reduced 16 keys at
- * once; values keep the G x 32 accumulators of one
- * coordinate chunk in registers while the block's keys stream past.
+ * (full 4-bit chunks straight from their 16 bytes, book_get32_deint;
+ * other widths to bytes first, kv_attn_x86.h), widened to 16 dword
+ * indices and looked up; scores keep one 16-lane partial per (head, key),
+ * reduced 16 keys at once (hsum16); values keep the G x 32 accumulators
+ * of one coordinate chunk in registers while the block's keys stream past.
  * Tails (dims or streams that are not multiples of 32) use masked loads
  * and stores, so nothing outside a row, a query or an accumulator row is
  * read or written.

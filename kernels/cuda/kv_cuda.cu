@@ -387,47 +387,16 @@ __global__ void kvc_prepare_kernel(KvcParams p, int64_t n_rows, const float *q, 
  * kernel needs about half again as many, which costs occupancy).
  */
 
-/* s[g] = <qs[g], key> for the G query heads, a TQ key: codes unpacked once. */
+/* s[g] = <qs[g], key> for the G query heads, a TQ key: kv_kernel.h's, codes unpacked once. */
 template <int MG>
 static __device__ __forceinline__ void score_tq(const KvkCodec &c, const float *cbh,
 						const float *cbl, const float *qs, const float *sqs,
-						int dim, int m, int G, const uint8_t *code,
-						float s[MG])
+						int G, const uint8_t *code, float s[MG])
 {
-	float hi[MG], lo[MG], qj[MG];
-#pragma unroll
-	for (int g = 0; g < MG; g++)
-		hi[g] = lo[g] = qj[g] = 0.0f;
-	for (int i = 0; i < c.n_hi; i++) {
-		float v = cbh[bitpack_get(code + c.off_hi, c.bits_hi, (size_t)i)];
-#pragma unroll
-		for (int g = 0; g < MG; g++)
-			if (g < G)
-				hi[g] += qs[g * dim + i] * v;
-	}
-	for (int i = c.n_hi; i < dim; i++) {
-		float v = cbl[bitpack_get(code + c.off_lo, c.bits_lo, (size_t)(i - c.n_hi))];
-#pragma unroll
-		for (int g = 0; g < MG; g++)
-			if (g < G)
-				lo[g] += qs[g * dim + i] * v;
-	}
-	float s_hi = kvk_load_f16(code + c.off_scale[0]);
-	float s_lo = kvk_load_f16(code + c.off_scale[c.n_scales - 1]);
-	if (m) {
-		const uint8_t *signs = code + c.off_signs;
-		for (int i = 0; i < m; i++) {
-			float z = (float)(2 * ((signs[i >> 3] >> (i & 7)) & 1) - 1);
-#pragma unroll
-			for (int g = 0; g < MG; g++)
-				if (g < G)
-					qj[g] += z * sqs[g * m + i];
-		}
-	}
-	float gk = m ? c.qjl_const * kvk_load_f16(code + c.off_gamma) : 0.0f;
-#pragma unroll
-	for (int g = 0; g < MG; g++)
-		s[g] = s_hi * hi[g] + s_lo * lo[g] + gk * qj[g];
+	if constexpr (MG == 4)
+		kvk_tq_score_heads_4(&c, cbh, cbl, qs, sqs, G, code, s);
+	else
+		kvk_tq_score_heads_8(&c, cbh, cbl, qs, sqs, G, code, s);
 }
 
 /* s[g] = <qs[g], key> for a plain-format key row. */
@@ -538,7 +507,7 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 			const uint8_t *key = blk + (size_t)lane * p.kb;
 			switch (p.kfmt) {
 			case KVK_TQ:
-				score_tq<MG>(kc, cbh, cbl, qs, sqs, dim, m, G, key, s);
+				score_tq<MG>(kc, cbh, cbl, qs, sqs, G, key, s);
 				break;
 			case KVK_F16:
 				score_plain<KVK_F16, MG>(qs, dim, G, key, s);

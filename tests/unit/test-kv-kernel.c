@@ -42,7 +42,7 @@ static bool floats_equal(const float *a, const float *b, int n)
 
 static const char *const tq_names[] = {
 	"tq1", "tq2", "tq3", "tq4", "tq5", "tq8", "tq2.5", "tq3.5", "tq4.5_nc", "tq5_nc",
-	"tq3.5_nc", "tq3+qjl", "tq4+sqjl", "tq2h32", "tq3h16o", "tq4h8o_nc", "tq3+qjl_nc",
+	"tq3.5_nc", "tq3+qjl", "tq4+sqjl", "tq2h32", "tq3h16o", "tq4h8o_nc", "tq3+qjl_nc", "tq5_nc_r1",
 };
 
 static void check_tq(const char *name, int d, uint64_t *st)
@@ -70,6 +70,20 @@ static void check_tq(const char *name, int d, uint64_t *st)
 	float x[256], q[256];
 	static TqQuery query;
 	float qrot[256], sq[KVK_MAX_QJL_M];
+	/* six query heads of one kv-head, for the multi-head score (kvk_tq_score_heads_*) */
+	enum { HEADS = 6 };
+	static TqQuery heads[HEADS];
+	static float qs[HEADS * 256], sqs[HEADS * KVK_MAX_QJL_M];
+	double hn[HEADS];
+	int m = desc.flags & TQ_FLAG_QJL ? desc.qjl_m : 0;
+	for (int g = 0; g < HEADS; g++) {
+		test_vector(st, 1000 + g, d, q);
+		tq_query_prepare(c, q, &heads[g]);
+		kvk_tq_query_prepare(&k, q, qs + g * d, sqs + g * m);
+		hn[g] = 0.0;
+		for (int i = 0; i < d; i++)
+			hn[g] += (double)q[i] * q[i];
+	}
 	for (int n = 0; n < N_VECS; n++) {
 		test_vector(st, n, d, x);
 		tq_encode(c, x, want);
@@ -99,6 +113,22 @@ static void check_tq(const char *name, int d, uint64_t *st)
 		double tol = 1e-5 * sqrt(qn * xn) * (desc.flags & TQ_FLAG_QJL ? 4.0 : 1.0) + 1e-30;
 		ck_assert_msg(ref == fast || fabs((double)ref - fast) <= tol, "%s d%d: score %g vs %g", name, d,
 			      (double)fast, (double)ref);
+
+		/* the multi-head form the CUDA kernel runs: 3 heads in the 4-wide one, 6 in the 8-wide */
+		float s4[4] = { 0 }, s8[8] = { 0 };
+		kvk_tq_score_heads_4(&k, kvk_floats(&k, k.cb_hi), kvk_floats(&k, k.cb_lo), qs, sqs, 3, want, s4);
+		kvk_tq_score_heads_8(&k, kvk_floats(&k, k.cb_hi), kvk_floats(&k, k.cb_lo), qs, sqs, HEADS, want,
+				     s8);
+		for (int g = 0; g < HEADS; g++) {
+			float r = tq_inner_product(c, &heads[g], want);
+			double t = 1e-5 * sqrt(hn[g] * xn) * (desc.flags & TQ_FLAG_QJL ? 4.0 : 1.0) + 1e-30;
+			ck_assert_msg(fabs((double)r - s8[g]) <= t, "%s d%d: 8-wide head %d score %g vs %g", name, d,
+				      g, (double)s8[g], (double)r);
+			if (g < 3)
+				ck_assert_msg(fabs((double)r - s4[g]) <= t, "%s d%d: 4-wide head %d score %g vs %g", name,
+					      d, g, (double)s4[g], (double)r);
+		}
+		ck_assert_msg(s4[3] == 0.0f && s8[HEADS] == 0.0f, "%s d%d: wrote past G heads", name, d);
 
 		float acc[256] = { 0 }, vals[256], out_ref[256], out[256];
 		tq_value_axpy(c, 1.0f, want, acc);

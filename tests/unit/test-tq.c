@@ -172,7 +172,8 @@ END_TEST
 START_TEST(test_names)
 {
 	static const char *names[] = { "tq1", "tq4", "tq8", "tq2.5", "tq3.5o", "tq4.5_nc", "tq2h32",
-				       "tq3+qjl", "tq4+sqjl", "tq3.5+qjl_nc", "tq2h10o+qjl" };
+				       "tq3+qjl", "tq4+sqjl", "tq3.5+qjl_nc", "tq2h10o+qjl", "tq4_r1",
+				       "tq5_nc_r1", "tq3.5o+qjl_nc_r1" };
 	for (size_t k = 0; k < ARRAY_SIZE(names); k++) {
 		TqDesc d;
 		char buf[64];
@@ -188,9 +189,14 @@ START_TEST(test_names)
 	desc_named("tq2.5", 128, &d);
 	ck_assert_int_eq(d.bits, 2);
 	ck_assert_int_eq(d.n_hi, 64);
+	ck_assert_int_eq(d.rounds, 2);
+	desc_named("tq5_nc_r1", 128, &d);
+	ck_assert_int_eq(d.rounds, 1);
+	ck_assert(d.flags & TQ_FLAG_NORM_CORRECT);
 
 	static const char *bad[] = { "", "tq", "tq0", "tq9", "tq10", "tq8.5", "tq1+qjl", "q4",
-				     "tq4x", "tq4+qjl_nc_", "tq2h65", "tq2h63o", "tq4.5+q" };
+				     "tq4x", "tq4+qjl_nc_", "tq2h65", "tq2h63o", "tq4.5+q", "tq4_r2",
+				     "tq4_r1_nc", "tq4_r1x" };
 	for (size_t k = 0; k < ARRAY_SIZE(bad); k++) {
 		Error err = { 0 };
 		ck_assert_msg(tq_desc_from_name(bad[k], 64, &d, &err) == TQ_E_BAD_DESC, "accepted '%s'",
