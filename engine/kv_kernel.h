@@ -379,7 +379,8 @@ static inline KVK_HD float kvk_tq_score(const KvkCodec *c, const float *cb_hi, c
 
 /*
  * s[g] = <qs[g], key> for G <= MG prepared query heads of one kv-head
- * (qs (G, dim) rotated queries, sqs (G, qjl_m) sketched ones): the same
+ * (qs (G, dim) rotated queries, sqs (G, qjl_m) sketched ones; s has MG
+ * entries, those from G on are 0): the same
  * estimator as kvk_tq_score(), with each code unpacked and looked up
  * once for all G heads. The CUDA split kernel runs exactly this (MG 4
  * and 8: register arrays need a constant size, and C has no templates,
@@ -391,24 +392,27 @@ static inline KVK_HD float kvk_tq_score(const KvkCodec *c, const float *cb_hi, c
 							  const float *sqs, int G, const uint8_t *code,   \
 							  float *s)                                        \
 	{                                                                                                \
+		/* the layout in locals: read once, kept in registers by nvcc */                         \
+		const int dim = c->dim, n_hi = c->n_hi, bits_hi = c->bits_hi, bits_lo = c->bits_lo;     \
+		const int m = c->flags & KVK_FLAG_QJL ? c->qjl_m : 0;                                   \
+		const uint8_t *hi_codes = code + c->off_hi, *lo_codes = code + c->off_lo;               \
 		float hi[MG], lo[MG], qj[MG];                                                            \
 		for (int g = 0; g < MG; g++)                                                             \
 			hi[g] = lo[g] = qj[g] = 0.0f;                                                    \
-		for (int i = 0; i < c->n_hi; i++) {                                                      \
-			float v = cbh[bitpack_get(code + c->off_hi, c->bits_hi, (size_t)i)];             \
+		for (int i = 0; i < n_hi; i++) {                                                         \
+			float v = cbh[bitpack_get(hi_codes, bits_hi, (size_t)i)];                        \
 			for (int g = 0; g < MG; g++)                                                     \
 				if (g < G)                                                               \
-					hi[g] += qs[g * c->dim + i] * v;                                 \
+					hi[g] += qs[g * dim + i] * v;                                    \
 		}                                                                                        \
-		for (int i = c->n_hi; i < c->dim; i++) {                                                 \
-			float v = cbl[bitpack_get(code + c->off_lo, c->bits_lo, (size_t)(i - c->n_hi))]; \
+		for (int i = n_hi; i < dim; i++) {                                                       \
+			float v = cbl[bitpack_get(lo_codes, bits_lo, (size_t)(i - n_hi))];               \
 			for (int g = 0; g < MG; g++)                                                     \
 				if (g < G)                                                               \
-					lo[g] += qs[g * c->dim + i] * v;                                 \
+					lo[g] += qs[g * dim + i] * v;                                    \
 		}                                                                                        \
 		float s_hi = kvk_load_f16(code + c->off_scale[0]);                                      \
 		float s_lo = kvk_load_f16(code + c->off_scale[c->n_scales - 1]);                        \
-		int m = c->flags & KVK_FLAG_QJL ? c->qjl_m : 0;                                          \
 		const uint8_t *signs = code + c->off_signs;                                              \
 		for (int i = 0; i < m; i++) {                                                            \
 			float z = (float)(2 * ((signs[i >> 3] >> (i & 7)) & 1) - 1);                     \
@@ -417,9 +421,8 @@ static inline KVK_HD float kvk_tq_score(const KvkCodec *c, const float *cb_hi, c
 					qj[g] += z * sqs[g * m + i];                                     \
 		}                                                                                        \
 		float gk = m ? c->qjl_const * kvk_load_f16(code + c->off_gamma) : 0.0f;                  \
-		for (int g = 0; g < MG; g++)                                                             \
-			if (g < G)                                                                       \
-				s[g] = s_hi * hi[g] + s_lo * lo[g] + gk * qj[g];                         \
+		for (int g = 0; g < MG; g++) /* heads past G: 0 */                                      \
+			s[g] = s_hi * hi[g] + s_lo * lo[g] + gk * qj[g];                                 \
 	}
 KVK_DEFINE_TQ_SCORE_HEADS(4)
 KVK_DEFINE_TQ_SCORE_HEADS(8)

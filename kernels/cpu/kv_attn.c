@@ -98,12 +98,10 @@ static int decode_pos(int k, int n, int bits)
 void kv_attn_query_prepare(const KvAttnRows *keys, KvAttnQuery *q)
 {
 	int d = keys->dim;
-	if (keys->format != KV_ATTN_TQ) {
-		memcpy(q->qd, q->q, (size_t)d * sizeof(float));
-		return;
-	}
-	int n_hi = keys->tq.n_hi, hi_pad = pad32(n_hi);
 	memcpy(q->qd, q->q, (size_t)d * sizeof(float));
+	if (keys->format != KV_ATTN_TQ)
+		return;
+	int n_hi = keys->tq.n_hi, hi_pad = pad32(n_hi);
 	for (int s = 0; s < 2; s++) { /* the full 4-bit chunks: evens, then odds (decode_pos) */
 		int n = s ? d - n_hi : n_hi, off = s ? n_hi : 0;
 		if ((s ? keys->tq.bits_lo : keys->tq.bits_hi) != 4)
