@@ -1,11 +1,10 @@
 /*
  * cpu_features.c: run-time detection of the SIMD extensions our fast
- * kernels use (AVX2, FMA, F16C), checked once with cpuid/xgetbv.
+ * kernels use (AVX2, FMA, F16C, AVX-512), checked once with cpuid/xgetbv.
  *
  * Owns the answer to "may the *_avx2.c (*_avx512.c) kernels run here";
- * does not own
- * the dispatch itself (matmul.c and friends ask per call, so tests can
- * flip cpu_features_disable_simd() at any time).
+ * does not own the dispatch itself (matmul.c and friends ask per call,
+ * so tests can flip cpu_features_disable_simd() at any time).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
