@@ -37,7 +37,8 @@ void config_usage(void)
 	       "The turbokv inference daemon. Runs in the foreground; systemd supervises it.\n\n"
 	       "  --model PATH           GGUF model (default: the setup script's cache)\n"
 	       "  --kv SPEC              KV cache type (default " KV_DEFAULT_SPEC ")\n"
-	       "  --device auto|cpu|cuda where the model runs (default auto: cpu for now)\n"
+	       "  --device auto|cpu|cuda where the model runs (default auto: the GPU when there is\n"
+	       "                         one and this build has CUDA, else the CPU)\n"
 	       "  --threads N            engine threads (default: CPUs, at most 8)\n"
 	       "  --ctx N                context size in tokens (default: the model's, at most 8192)\n"
 	       "  --socket PATH          socket to listen on when not socket-activated\n"
@@ -52,16 +53,6 @@ void config_usage(void)
 	       "Each setting may also come from TURBOKV_<NAME> in the environment\n"
 	       "(TURBOKV_STATE_DIR...) or a `name = value` line of the config file;\n"
 	       "flags win over the environment, which wins over the file.\n");
-}
-
-const char *config_device_name(ConfigDevice d)
-{
-	switch (d) {
-	case CONFIG_DEVICE_AUTO: return "auto";
-	case CONFIG_DEVICE_CPU: return "cpu";
-	case CONFIG_DEVICE_CUDA: return "cuda";
-	}
-	return "?";
 }
 
 static int set_string(char **field, const char *value)
@@ -140,13 +131,7 @@ static int config_set(Config *c, Key key, const char *value, const char *where, 
 		break;
 	}
 	case KEY_DEVICE:
-		if (strcmp(value, "auto") == 0)
-			c->device = CONFIG_DEVICE_AUTO;
-		else if (strcmp(value, "cpu") == 0)
-			c->device = CONFIG_DEVICE_CPU;
-		else if (strcmp(value, "cuda") == 0)
-			c->device = CONFIG_DEVICE_CUDA;
-		else
+		if (device_choice_from_name(value, &c->device) != 0)
 			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not one of auto, cpu, cuda", where, value);
 		break;
 	case KEY_THREADS:
@@ -283,7 +268,7 @@ static int config_defaults(Config *c)
 	int len;
 
 	c->threads = (int)(n < 1 ? 1 : n > 8 ? 8 : n);
-	c->device = CONFIG_DEVICE_AUTO;
+	c->device = DEVICE_AUTO;
 	c->session_memory = 1ull << 30;
 	c->session_max = 64;
 	c->session_disk = 8ull << 30;

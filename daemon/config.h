@@ -37,18 +37,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/backend.h"
 #include "engine/util.h"
-
-typedef enum ConfigDevice {
-	CONFIG_DEVICE_AUTO,
-	CONFIG_DEVICE_CPU,
-	CONFIG_DEVICE_CUDA,
-} ConfigDevice;
 
 typedef struct Config {
 	char *model_path;
 	char *kv_spec;          /* as given, checked by kvspec_parse() */
-	ConfigDevice device;
+	DeviceChoice device;
 	int threads;
 	int64_t ctx;            /* 0: the model's, at most 8192 */
 	char *socket_path;
@@ -81,4 +76,3 @@ void config_done(Config *c);
 /* Print the --help text. */
 void config_usage(void);
 
-const char *config_device_name(ConfigDevice d);

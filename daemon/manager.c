@@ -47,6 +47,7 @@ Manager *manager_free(Manager *m)
 	free(m->default_system);
 	tokenizer_free(m->tokenizer);
 	model_free(m->model);
+	backend_free(m->backend); /* after everything that holds its memory */
 	sd_event_unref(m->event);
 	free(m);
 	return NULL;
@@ -125,6 +126,23 @@ static int manager_setup_events(Manager *m)
 	return 0;
 }
 
+/* --device: auto says on which device it settled, and why not the GPU. */
+static int manager_open_backend(Manager *m)
+{
+	const Config *cfg = m->config;
+	char why_not_gpu[256];
+	Error err = { 0 };
+	int r = backend_open(cfg->device, &m->backend, why_not_gpu, sizeof(why_not_gpu), &err);
+	if (r != 0) {
+		log_error("--device %s: %s", device_choice_name(cfg->device), err.msg);
+		return r < 0 ? r : -EINVAL;
+	}
+	m->device_name = backend_name(m->backend);
+	if (cfg->device == DEVICE_AUTO && why_not_gpu[0])
+		log_info("--device auto: running on the CPU (%s)", why_not_gpu);
+	return 0;
+}
+
 static int manager_load_model(Manager *m)
 {
 	const Config *cfg = m->config;
@@ -133,9 +151,10 @@ static int manager_load_model(Manager *m)
 	int r;
 
 	(void)sd_notifyf(false, "STATUS=Loading model %s", cfg->model_path);
-	r = model_load(cfg->model_path, &m->model, &err);
+	r = model_load_on(cfg->model_path, m->backend, &m->model, &err);
 	if (r != 0) {
-		log_error("cannot load model %s: %s", cfg->model_path, err.msg[0] ? err.msg : strerror(-r));
+		log_error("cannot load model %s on %s: %s", cfg->model_path, m->device_name,
+			  err.msg[0] ? err.msg : strerror(-r));
 		if (r == -ENOENT)
 			log_error("run scripts/setup.sh to fetch the default model, or pass --model");
 		return r < 0 ? r : -EINVAL;
@@ -199,10 +218,12 @@ static int manager_setup_kv(Manager *m)
 	    !plan->layers[0].v.hadamard)
 		return 0;
 
-	/* Try the plan once now, so a spec the store cannot hold fails at startup, not per request. */
-	KvCacheShape shape = model_kv_shape(m->model, KVSTORE_BLOCK_TOKENS);
+	/*
+	 * Try the plan once now, so a spec the store (or the GPU) cannot hold
+	 * fails at startup, not per request.
+	 */
 	KvCache *probe = NULL;
-	r = kvcache_new_quant(&shape, plan, 0, &probe, &err);
+	r = model_kvcache_new(m->model, plan, 0, KVSTORE_BLOCK_TOKENS, &probe, &err);
 	if (r != 0) {
 		log_error("--kv %s: %s", m->config->kv_spec, err.msg[0] ? err.msg : strerror(r < 0 ? -r : EINVAL));
 		return r < 0 ? r : -EINVAL;
@@ -217,10 +238,8 @@ int manager_startup(Manager *m)
 	const Config *cfg = m->config;
 	int r;
 
-	if (cfg->device == CONFIG_DEVICE_CUDA)
-		return log_error_errno(-EOPNOTSUPP, "--device cuda: the CUDA backend is not built yet; use cpu or auto");
-	m->device_name = "cpu";
-	if ((r = manager_setup_events(m)) < 0 || (r = manager_load_model(m)) < 0 || (r = manager_setup_kv(m)) < 0)
+	if ((r = manager_setup_events(m)) < 0 || (r = manager_open_backend(m)) < 0 ||
+	    (r = manager_load_model(m)) < 0 || (r = manager_setup_kv(m)) < 0)
 		return r;
 	if ((r = threadpool_new(cfg->threads, &m->threads)) < 0)
 		return log_error_errno(r, "cannot start %d threads: %m", cfg->threads);

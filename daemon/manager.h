@@ -49,11 +49,12 @@ typedef struct Manager {
 	Scheduler *scheduler;
 	Sessions *sessions;     /* named sessions (sessions.h) */
 
+	Backend *backend;       /* where the model runs (--device) */
 	Model *model;
 	Tokenizer *tokenizer;
 	ChatTemplate chat_template;
 	char *default_system;   /* the template's default system prompt, or NULL */
-	KvPlan *kv_plan;        /* NULL for plain f32 (kvcache_new_f32) */
+	KvPlan *kv_plan;        /* NULL for plain f32 (model_kvcache_new) */
 	double kv_bits_per_value;
 	ThreadPool *threads;
 	ModelRun *run;          /* shared activation scratch, see above */
@@ -61,7 +62,7 @@ typedef struct Manager {
 	size_t max_piece_bytes; /* longest token text: bytes / this bounds a text's tokens from below */
 	char model_name[256];
 	char fingerprint[17];   /* gguf_fingerprint() of the model, hex */
-	const char *device_name;
+	const char *device_name; /* backend_name(backend) */
 
 	Connection *connections; /* doubly linked, newest first */
 	unsigned n_connections;

@@ -514,15 +514,12 @@ int request_activate(Request *r, Manager *m)
 	assert(r->state == REQUEST_QUEUED);
 	if (r->session)
 		cap = m->n_ctx; /* the session goes on after this request */
-	KvCacheShape shape = model_kv_shape(m->model, cap);
 	if (r->session && request_session_reuse(r))
 		k = 0;
-	else if (m->kv_plan)
+	else
 		/* A fixed codec seed: the same question gets the same greedy answer
 		 * (and turbokv-lab's, which uses seed 0 too); sessions record it. */
-		k = kvcache_new_quant(&shape, m->kv_plan, MANAGER_KV_SEED, &r->kv, NULL);
-	else
-		k = kvcache_new_f32(&shape, &r->kv);
+		k = model_kvcache_new(m->model, m->kv_plan, MANAGER_KV_SEED, cap, &r->kv, NULL);
 	if (k != 0)
 		return k;
 	if ((k = sampler_new(&r->sampling, m->model->cfg.n_vocab, &r->sampler)) != 0)

@@ -449,6 +449,14 @@ static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
 	if (r < 0)
 		return error_set(err, r == -ENOMEM ? -ENOMEM : PROTOCOL_E_INTERNAL, "session '%s': %s", s->name,
 				 e.msg);
+	/* Files hold host caches; a GPU daemon moves the cache to the device (the file stays as it is). */
+	KvCache *kv;
+	if ((r = model_kvcache_adopt(ss->m->model, st->kv, &kv, &e)) != 0) {
+		session_state_free(st);
+		return error_set(err, r == -ENOMEM ? -ENOMEM : PROTOCOL_E_INTERNAL, "session '%s': %s", s->name,
+				 e.msg);
+	}
+	st->kv = kv;
 	session_set_state(ss, s, st);
 	log_info("uid %u: restored session '%s' (%u tokens) in %.1f ms", (unsigned)s->uid, s->name, s->n_tokens,
 		  (now_ns() - t0) / 1e6);

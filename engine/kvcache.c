@@ -179,6 +179,20 @@ size_t kvcache_bytes_per_token(const KvCache *kv)
 	return kv->ops->bytes_per_token(kv);
 }
 
+const char *kvcache_device(const KvCache *kv)
+{
+	return kv->ops->device ? kv->ops->device : "cpu";
+}
+
+int kvcache_host(KvCache *kv, KvCache **ret)
+{
+	if (!kv->ops->to_host) {
+		*ret = kv;
+		return 0;
+	}
+	return kv->ops->to_host(kv, ret);
+}
+
 bool kvcache_is_f32(const KvCache *kv)
 {
 	return kv && kv->ops == &kvcache_f32_ops;
@@ -244,6 +258,8 @@ static const KvCacheOps kvcache_tap_ops = {
 
 int kvcache_new_tap(KvCache *inner, const KvCacheTap *tap, KvCache **ret)
 {
+	if (inner->ops->device) /* the callbacks read rows in host memory */
+		return -EINVAL;
 	KvCacheTapped *c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;

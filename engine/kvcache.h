@@ -38,6 +38,11 @@ typedef struct KvCache KvCache;
 
 typedef struct KvCacheOps {
 	const char *name;
+	/*
+	 * The backend whose memory k, v, q and out point into (backend.h's
+	 * names); NULL: host memory, the CPU backend.
+	 */
+	const char *device;
 	/* Store n_tok tokens at positions pos0.. of layer: k, v (n_tok, n_kv_heads * head_dim). */
 	int (*append)(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
 		      const float *v);
@@ -46,6 +51,12 @@ typedef struct KvCacheOps {
 		       const float *q, float *out);
 	/* Bytes stored per token, all layers, K and V. */
 	size_t (*bytes_per_token)(const KvCache *kv);
+	/*
+	 * Device caches only (NULL for host ones): a host cache (f32 or
+	 * kvstore) with the same contents and n_tokens, for session files.
+	 * Owned by kv, valid until its next append.
+	 */
+	int (*to_host)(KvCache *kv, KvCache **ret);
 	void (*free)(KvCache *kv);
 } KvCacheOps;
 
@@ -71,6 +82,15 @@ int64_t kvcache_n_tokens(const KvCache *kv);
 void kvcache_set_n_tokens(KvCache *kv, int64_t n);
 
 size_t kvcache_bytes_per_token(const KvCache *kv);
+
+/* The backend name of kv's memory: "cpu" for host caches. */
+const char *kvcache_device(const KvCache *kv);
+
+/*
+ * kv itself for a host cache; for a device cache, a host copy of its
+ * contents (KvCacheOps.to_host). Returns 0, -ENOMEM or -EIO.
+ */
+int kvcache_host(KvCache *kv, KvCache **ret);
 
 /* Whether kv was made by kvcache_new_f32(). */
 bool kvcache_is_f32(const KvCache *kv);
@@ -100,5 +120,5 @@ typedef struct KvCacheTap {
 			  const float *out);
 } KvCacheTap;
 
-/* A tap around inner (same shape). Returns 0 or -ENOMEM. */
+/* A tap around inner (same shape), a host cache. Returns 0, -EINVAL or -ENOMEM. */
 int kvcache_new_tap(KvCache *inner, const KvCacheTap *tap, KvCache **ret);

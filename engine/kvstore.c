@@ -383,6 +383,29 @@ static int side_choose_outliers(KvSide *side, KvRole role, const float *x, int64
 	return 0;
 }
 
+int kvstore_choose_outliers(KvCache *kv, int layer, int64_t n_tok, const float *k,
+			    const float *v)
+{
+	assert(layer >= 0 && layer < kv->shape.n_layers && n_tok >= 0);
+	KvLayer *L = &store_of(kv)->layers[layer];
+	int d = kv->shape.head_dim;
+	size_t row = (size_t)kv->shape.n_kv_heads * d;
+	int r;
+
+	if (n_tok == 0)
+		return 0;
+	for (int h = 0; h < kv->shape.n_kv_heads; h++) {
+		KvHead *H = &L->heads[h];
+		if (side_is_tq(&H->k) && !H->k.codec &&
+		    (r = side_choose_outliers(&H->k, KV_ROLE_K, k + (size_t)h * d, n_tok, row, d)))
+			return r;
+		if (side_is_tq(&H->v) && !H->v.codec &&
+		    (r = side_choose_outliers(&H->v, KV_ROLE_V, v + (size_t)h * d, n_tok, row, d)))
+			return r;
+	}
+	return 0;
+}
+
 static void side_store(const KvSide *side, const float *x, uint8_t *ret)
 {
 	if (side_is_tq(side))
@@ -402,14 +425,10 @@ static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 
 	if (n_tok == 0)
 		return 0;
+	if ((r = kvstore_choose_outliers(kv, layer, n_tok, k, v)))
+		return r;
 	for (int h = 0; h < kv->shape.n_kv_heads; h++) {
 		KvHead *H = &L->heads[h];
-		if (side_is_tq(&H->k) && !H->k.codec &&
-		    (r = side_choose_outliers(&H->k, KV_ROLE_K, k + (size_t)h * d, n_tok, row, d)))
-			return r;
-		if (side_is_tq(&H->v) && !H->v.codec &&
-		    (r = side_choose_outliers(&H->v, KV_ROLE_V, v + (size_t)h * d, n_tok, row, d)))
-			return r;
 		for (int64_t t = 0; t < n_tok; t++) {
 			int64_t p = pos0 + t;
 			uint8_t *b = head_block(s, L, H, p / BT);

@@ -155,6 +155,16 @@ int kvstore_tq_desc(const KvCache *kv, int layer, int head, KvRole role, TqDesc 
 int kvstore_tq_desc_put(KvCache *kv, int layer, int head, KvRole role, const TqDesc *desc,
 			Error *err);
 
+/*
+ * Choose the outlier masks of layer's sides that have none yet from k, v
+ * (n_tok, n_kv_heads * head_dim), as the layer's first append does, and
+ * build their codecs; nothing is stored. For a cache on another device
+ * that appends the rows itself (kernels/cuda/kv_cuda_cache.c). Returns 0,
+ * -ENOMEM or -EINVAL (rows not finite).
+ */
+int kvstore_choose_outliers(KvCache *kv, int layer, int64_t n_tok, const float *k,
+			    const float *v);
+
 /* Bytes of K/V blocks allocated now, all layers and heads (codecs and scratch excluded). */
 size_t kvstore_bytes_allocated(const KvCache *kv);
 

@@ -282,7 +282,57 @@ static int load_weights(Loader *ld)
 	return 0;
 }
 
-int model_load_gguf(Gguf *g, Model **ret, Error *err)
+/*
+ * Hand every weight to the backend once (the CPU keeps reading the
+ * mapping; CUDA copies to device memory and the pointers become device
+ * pointers). A tied output matrix is the embedding's upload, not a second
+ * copy.
+ */
+static int upload_weights(Model *m, Error *err)
+{
+	Backend *b = m->backend;
+	const ModelConfig *c = &m->cfg;
+	bool tied = m->output.data == m->tok_embd.data;
+	int r;
+
+#define UPLOAD_W(w, what) \
+	if ((r = b->ops->upload_weight(b, &(w)))) \
+		return error_set(err, r, "%s: uploading %s failed (%s)", backend_name(b), what, \
+				 r == -ENOMEM ? "out of memory" : "device error");
+#define UPLOAD_V(v, n, what) \
+	if ((v) && (r = b->ops->upload_vector(b, &(v), n))) \
+		return error_set(err, r, "%s: uploading %s failed (%s)", backend_name(b), what, \
+				 r == -ENOMEM ? "out of memory" : "device error");
+	UPLOAD_W(m->tok_embd, "token_embd.weight")
+	if (tied)
+		m->output = m->tok_embd;
+	else
+		UPLOAD_W(m->output, "output.weight")
+	UPLOAD_V(m->output_norm, c->dim, "output_norm.weight")
+	int64_t qdim = (int64_t)c->n_heads * c->head_dim, kvdim = (int64_t)c->n_kv_heads * c->head_dim;
+	for (int il = 0; il < c->n_layers; il++) {
+		LayerWeights *w = &m->layers[il];
+		char what[48];
+		snprintf(what, sizeof(what), "layer %d", il);
+		UPLOAD_V(w->attn_norm, c->dim, what)
+		UPLOAD_W(w->wq, what)
+		UPLOAD_W(w->wk, what)
+		UPLOAD_W(w->wv, what)
+		UPLOAD_W(w->wo, what)
+		UPLOAD_V(w->bq, qdim, what)
+		UPLOAD_V(w->bk, kvdim, what)
+		UPLOAD_V(w->bv, kvdim, what)
+		UPLOAD_V(w->ffn_norm, c->dim, what)
+		UPLOAD_W(w->w_gate, what)
+		UPLOAD_W(w->w_up, what)
+		UPLOAD_W(w->w_down, what)
+	}
+#undef UPLOAD_W
+#undef UPLOAD_V
+	return 0;
+}
+
+int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err)
 {
 	_cleanup_(model_freep) Model *m = calloc(1, sizeof(*m));
 	if (!m) {
@@ -290,10 +340,13 @@ int model_load_gguf(Gguf *g, Model **ret, Error *err)
 		return -ENOMEM;
 	}
 	m->gguf = g;
+	m->backend = b;
 	Loader ld = { .m = m, .err = err };
 	int r = load_config(&ld);
 	if (r == 0)
 		r = load_weights(&ld);
+	if (r == 0)
+		r = upload_weights(m, err);
 	if (r != 0)
 		return r;
 	*ret = TAKE_PTR(m);
@@ -310,13 +363,18 @@ char *model_default_path(char *buf, size_t size)
 	return buf;
 }
 
-int model_load(const char *path, Model **ret, Error *err)
+int model_load_on(const char *path, Backend *b, Model **ret, Error *err)
 {
 	Gguf *g;
 	int r = gguf_open(path, &g, err);
 	if (r != 0)
 		return r;
-	return model_load_gguf(g, ret, err);
+	return model_load_gguf(g, b, ret, err);
+}
+
+int model_load(const char *path, Model **ret, Error *err)
+{
+	return model_load_on(path, backend_cpu(), ret, err);
 }
 
 Model *model_free(Model *m)
@@ -343,6 +401,18 @@ KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx)
 	};
 }
 
+int model_kvcache_new(const Model *m, const KvPlan *plan, uint64_t seed, int64_t n_ctx, KvCache **ret,
+		      Error *err)
+{
+	KvCacheShape shape = model_kv_shape(m, n_ctx);
+	return m->backend->ops->kvcache_new(m->backend, &shape, plan, seed, ret, err);
+}
+
+int model_kvcache_adopt(const Model *m, KvCache *host, KvCache **ret, Error *err)
+{
+	return m->backend->ops->kvcache_adopt(m->backend, host, ret, err);
+}
+
 void model_describe(const Model *m, char *buf, size_t size)
 {
 	const ModelConfig *c = &m->cfg;
@@ -355,8 +425,14 @@ void model_describe(const Model *m, char *buf, size_t size)
 
 /* ---- forward pass ------------------------------------------------------- */
 
+/*
+ * Activations live in the backend's memory (device memory for CUDA); the
+ * host arrays are the positions and, for a backend that is not host
+ * memory, nothing else: logits come back through download().
+ */
 struct ModelRun {
-	ThreadPool *tp; /* borrowed */
+	Backend *b;     /* the model's */
+	ThreadPool *tp; /* borrowed: host threads (CPU kernels, host caches) */
 	int max_batch;
 	float *x;    /* (B, dim) residual stream */
 	float *xb;   /* (B, dim) normed input / branch output */
@@ -367,7 +443,9 @@ struct ModelRun {
 	float *hb;   /* (B, ff_dim) gate, then swiglu */
 	float *hb2;  /* (B, ff_dim) up */
 	float *cs, *sn; /* (B, n_rot / 2) rope angles of the batch */
-	int64_t *pos;   /* (B,) position of each token of a multi-sequence batch */
+	float *logits;  /* (B, n_vocab) when the backend is not host memory, else NULL */
+	int64_t *pos;     /* host (B,): position of each sequence of a multi-sequence batch */
+	int64_t *tok_pos; /* host (B,): position of each token of the batch */
 };
 
 /*
@@ -385,19 +463,22 @@ ModelRun *model_run_free(ModelRun *r)
 {
 	if (!r)
 		return NULL;
-	free(r->x);
-	free(r->xb);
-	free(r->q);
-	free(r->k);
-	free(r->v);
-	free(r->att);
-	free(r->hb);
-	free(r->hb2);
-	free(r->cs);
-	free(r->sn);
+	float *bufs[] = { r->x, r->xb, r->q, r->k, r->v, r->att, r->hb, r->hb2, r->cs, r->sn, r->logits };
+	for (size_t i = 0; i < ARRAY_SIZE(bufs); i++)
+		if (bufs[i])
+			r->b->ops->dealloc(r->b, bufs[i]);
 	free(r->pos);
+	free(r->tok_pos);
 	free(r);
 	return NULL;
+}
+
+static int run_alloc(ModelRun *r, size_t n, float **ret)
+{
+	size_t bytes;
+	if (size_mul_overflows(n, sizeof(float), &bytes))
+		return -ENOMEM;
+	return r->b->ops->alloc(r->b, bytes, (void **)ret);
 }
 
 int model_run_new(const Model *m, int max_batch, ThreadPool *tp, ModelRun **ret)
@@ -410,40 +491,23 @@ int model_run_new(const Model *m, int max_batch, ThreadPool *tp, ModelRun **ret)
 		return -ENOMEM;
 	size_t b = (size_t)max_batch;
 	size_t qdim = (size_t)c->n_heads * c->head_dim, kvdim = (size_t)c->n_kv_heads * c->head_dim;
+	r->b = m->backend;
 	r->tp = tp;
 	r->max_batch = max_batch;
-	r->x = malloc_array(b * c->dim, sizeof(float));
-	r->xb = malloc_array(b * c->dim, sizeof(float));
-	r->q = malloc_array(b * qdim, sizeof(float));
-	r->k = malloc_array(b * kvdim, sizeof(float));
-	r->v = malloc_array(b * kvdim, sizeof(float));
-	r->att = malloc_array(b * qdim, sizeof(float));
-	r->hb = malloc_array(b * c->ff_dim, sizeof(float));
-	r->hb2 = malloc_array(b * c->ff_dim, sizeof(float));
-	r->cs = malloc_array(b * (c->n_rot / 2), sizeof(float));
-	r->sn = malloc_array(b * (c->n_rot / 2), sizeof(float));
+	int e;
+	if ((e = run_alloc(r, b * c->dim, &r->x)) || (e = run_alloc(r, b * c->dim, &r->xb)) ||
+	    (e = run_alloc(r, b * qdim, &r->q)) || (e = run_alloc(r, b * kvdim, &r->k)) ||
+	    (e = run_alloc(r, b * kvdim, &r->v)) || (e = run_alloc(r, b * qdim, &r->att)) ||
+	    (e = run_alloc(r, b * c->ff_dim, &r->hb)) || (e = run_alloc(r, b * c->ff_dim, &r->hb2)) ||
+	    (e = run_alloc(r, b * (c->n_rot / 2), &r->cs)) || (e = run_alloc(r, b * (c->n_rot / 2), &r->sn)))
+		return e;
+	if (!backend_is_host(r->b) && (e = run_alloc(r, b * c->n_vocab, &r->logits)))
+		return e;
 	r->pos = malloc_array(b, sizeof(int64_t));
-	if (!r->x || !r->xb || !r->q || !r->k || !r->v || !r->att || !r->hb || !r->hb2 || !r->cs ||
-	    !r->sn || !r->pos)
+	r->tok_pos = malloc_array(b, sizeof(int64_t));
+	if (!r->pos || !r->tok_pos)
 		return -ENOMEM;
 	*ret = TAKE_PTR(r);
-	return 0;
-}
-
-/*
- * Products sharing one input (q/k/v, gate/up) in one dispatch; weights
- * whose activation formats differ (mixed-type files such as Q4_K_M) are
- * rejected by matmul_group with -EINVAL and run one by one instead.
- */
-static int matmul_shared_input(ThreadPool *tp, const MatmulWeight *const *ws, float *const *ys, int n_w,
-			       const float *x, int64_t n)
-{
-	int e = matmul_group(tp, ws, ys, n_w, x, n);
-	if (e != -EINVAL)
-		return e;
-	for (int i = 0; i < n_w; i++)
-		if ((e = matmul(tp, ws[i], x, ys[i], n)))
-			return e;
 	return 0;
 }
 
@@ -469,9 +533,10 @@ static void seq_attend_task(void *ctx, int ith, int nth)
 /*
  * Append the batch's K and V (after RoPE) to the caches and attend: each
  * sequence's tokens against its own cache, at its own positions. With at
- * least as many sequences as threads, each thread takes whole sequences
- * (one dispatch per layer instead of one per sequence); otherwise each
- * sequence's attention is split across the threads by the cache.
+ * least as many sequences as threads, each host thread takes whole
+ * sequences (one dispatch per layer instead of one per sequence);
+ * otherwise each sequence's attention is split across the threads by the
+ * cache. Device caches get their calls from this thread, in order.
  */
 static int layer_attend(ModelRun *r, const EvalSeqs *s, int il, int64_t n, int64_t qdim, int64_t kvdim)
 {
@@ -487,13 +552,14 @@ static int layer_attend(ModelRun *r, const EvalSeqs *s, int il, int64_t n, int64
 		if (e < 0)
 			return e;
 	}
-	if (s->n_seq > 1 && s->n_seq >= nth) {
+	if (backend_is_host(r->b) && s->n_seq > 1 && s->n_seq >= nth) {
 		SeqAttendJob j = { .s = s, .layer = il, .qdim = qdim, .q = r->q, .att = r->att };
 		threadpool_run(r->tp, seq_attend_task, &j);
 		return 0;
 	}
+	ThreadPool *tp = backend_is_host(r->b) ? r->tp : NULL;
 	for (int64_t i = 0; i < s->n_seq; i++)
-		kvcache_attend(s->kvs[i], r->tp, il, s->pos[i], per, r->q + i * per * qdim, r->att + i * per * qdim);
+		kvcache_attend(s->kvs[i], tp, il, s->pos[i], per, r->q + i * per * qdim, r->att + i * per * qdim);
 	return 0;
 }
 
@@ -501,67 +567,85 @@ static int layer_forward(const Model *m, ModelRun *r, const EvalSeqs *s, int il,
 {
 	const ModelConfig *c = &m->cfg;
 	const LayerWeights *w = &m->layers[il];
+	const BackendOps *ops = r->b->ops;
+	Backend *b = r->b;
 	int64_t qdim = (int64_t)c->n_heads * c->head_dim, kvdim = (int64_t)c->n_kv_heads * c->head_dim;
-	int half = c->n_rot / 2;
 	int e;
 
 	/* attention block */
-	for (int64_t i = 0; i < n; i++)
-		op_rmsnorm(r->xb + i * c->dim, r->x + i * c->dim, w->attn_norm, c->dim, c->rms_eps);
+	if ((e = ops->rmsnorm(b, r->xb, r->x, w->attn_norm, n, c->dim, c->rms_eps)))
+		return e;
 	const MatmulWeight *qkv[3] = { &w->wq, &w->wk, &w->wv };
 	float *qkv_out[3] = { r->q, r->k, r->v };
-	if ((e = matmul_shared_input(r->tp, qkv, qkv_out, 3, r->xb, n)))
+	if ((e = ops->matmul(b, r->tp, qkv, qkv_out, 3, r->xb, n)))
 		return e;
-	if (w->bq) {
-		op_add_bias(r->q, w->bq, n, qdim);
-		op_add_bias(r->k, w->bk, n, kvdim);
-		op_add_bias(r->v, w->bv, n, kvdim);
-	}
-	for (int64_t i = 0; i < n; i++) {
-		rope_rotate(&m->rope, r->q + i * qdim, c->n_heads, c->head_dim, r->cs + i * half,
-			    r->sn + i * half);
-		rope_rotate(&m->rope, r->k + i * kvdim, c->n_kv_heads, c->head_dim, r->cs + i * half,
-			    r->sn + i * half);
-	}
+	if (w->bq && ((e = ops->add_bias(b, r->q, w->bq, n, qdim)) ||
+		      (e = ops->add_bias(b, r->k, w->bk, n, kvdim)) ||
+		      (e = ops->add_bias(b, r->v, w->bv, n, kvdim))))
+		return e;
+	if ((e = ops->rope(b, &m->rope, r->q, n, c->n_heads, c->head_dim, r->cs, r->sn)) ||
+	    (e = ops->rope(b, &m->rope, r->k, n, c->n_kv_heads, c->head_dim, r->cs, r->sn)))
+		return e;
 	if ((e = layer_attend(r, s, il, n, qdim, kvdim)))
 		return e;
-	if ((e = matmul(r->tp, &w->wo, r->att, r->xb, n)))
+	const MatmulWeight *wo = &w->wo;
+	if ((e = ops->matmul(b, r->tp, &wo, &r->xb, 1, r->att, n)) ||
+	    (e = ops->add(b, r->x, r->xb, n * c->dim)))
 		return e;
-	op_add(r->x, r->xb, n * c->dim);
 
 	/* feed-forward block */
-	for (int64_t i = 0; i < n; i++)
-		op_rmsnorm(r->xb + i * c->dim, r->x + i * c->dim, w->ffn_norm, c->dim, c->rms_eps);
+	if ((e = ops->rmsnorm(b, r->xb, r->x, w->ffn_norm, n, c->dim, c->rms_eps)))
+		return e;
 	const MatmulWeight *gate_up[2] = { &w->w_gate, &w->w_up };
 	float *gate_up_out[2] = { r->hb, r->hb2 };
-	if ((e = matmul_shared_input(r->tp, gate_up, gate_up_out, 2, r->xb, n)))
+	if ((e = ops->matmul(b, r->tp, gate_up, gate_up_out, 2, r->xb, n)) ||
+	    (e = ops->swiglu(b, r->hb, r->hb2, n * c->ff_dim)))
 		return e;
-	op_swiglu(r->hb, r->hb2, n * c->ff_dim);
-	if ((e = matmul(r->tp, &w->w_down, r->hb, r->xb, n)))
+	const MatmulWeight *down = &w->w_down;
+	if ((e = ops->matmul(b, r->tp, &down, &r->xb, 1, r->hb, n)) ||
+	    (e = ops->add(b, r->x, r->xb, n * c->dim)))
 		return e;
-	op_add(r->x, r->xb, n * c->dim);
+	return 0;
+}
+
+/*
+ * Logits of rows first .. first + n - 1 of the batch into the host array
+ * out (n, n_vocab): straight into out on a host backend, through the
+ * run's buffer and one download otherwise.
+ */
+static int batch_logits(const Model *m, ModelRun *r, int64_t first, int64_t n, float *out)
+{
+	const ModelConfig *c = &m->cfg;
+	const BackendOps *ops = r->b->ops;
+	float *y = r->logits ? r->logits : out;
+	const MatmulWeight *w = &m->output;
+	int e;
+	if ((e = ops->rmsnorm(r->b, r->xb, r->x + first * c->dim, m->output_norm, n, c->dim, c->rms_eps)) ||
+	    (e = ops->matmul(r->b, r->tp, &w, &y, 1, r->xb, n)))
+		return e;
+	if (r->logits)
+		return ops->download(r->b, out, r->logits, (size_t)n * c->n_vocab * sizeof(float));
 	return 0;
 }
 
 /*
  * One batch of n <= max_batch tokens of the sequences s (EvalSeqs), token
  * i at position pos(i). Logits of the last token go to last_logits, of
- * every token to all_logits (n, n_vocab), when non-NULL.
+ * every token to all_logits (n, n_vocab), when non-NULL (host arrays).
  */
 static int eval_batch(const Model *m, ModelRun *r, const EvalSeqs *s, const int32_t *tokens, int64_t n,
 		      float *last_logits, float *all_logits)
 {
 	const ModelConfig *c = &m->cfg;
+	const BackendOps *ops = r->b->ops;
 	int64_t per = n / s->n_seq;
-	int half = c->n_rot / 2;
 	int e;
 
-	for (int64_t i = 0; i < n; i++) {
-		wtype_dequantize_row(m->tok_embd.type,
-				     (const uint8_t *)m->tok_embd.data + (size_t)tokens[i] * m->tok_embd.row_stride,
-				     r->x + i * c->dim, c->dim);
-		rope_angles(&m->rope, s->pos[i / per] + i % per, r->cs + i * half, r->sn + i * half);
-	}
+	for (int64_t i = 0; i < n; i++)
+		r->tok_pos[i] = s->pos[i / per] + i % per;
+	if ((e = ops->embed(r->b, &m->tok_embd, tokens, n, r->x)) ||
+	    (e = ops->rope_angles(r->b, &m->rope, r->tok_pos, n, r->cs, r->sn)))
+		return e;
 	for (int il = 0; il < c->n_layers; il++)
 		if ((e = layer_forward(m, r, s, il, n)))
 			return e;
@@ -569,25 +653,28 @@ static int eval_batch(const Model *m, ModelRun *r, const EvalSeqs *s, const int3
 		kvcache_set_n_tokens(s->kvs[i], s->pos[i] + per);
 
 	if (all_logits) {
-		for (int64_t i = 0; i < n; i++)
-			op_rmsnorm(r->xb + i * c->dim, r->x + i * c->dim, m->output_norm, c->dim, c->rms_eps);
-		if ((e = matmul(r->tp, &m->output, r->xb, all_logits, n)))
+		if ((e = batch_logits(m, r, 0, n, all_logits)))
 			return e;
 		if (last_logits)
 			memcpy(last_logits, all_logits + (n - 1) * c->n_vocab, c->n_vocab * sizeof(float));
 	} else if (last_logits) {
-		op_rmsnorm(r->xb, r->x + (n - 1) * c->dim, m->output_norm, c->dim, c->rms_eps);
-		if ((e = matmul(r->tp, &m->output, r->xb, last_logits, 1)))
+		if ((e = batch_logits(m, r, n - 1, 1, last_logits)))
 			return e;
 	}
 	return 0;
+}
+
+/* Whether kv lives where the model computes (a host cache on a GPU model would be read as device memory). */
+static bool cache_fits(const Model *m, const KvCache *kv)
+{
+	return strcmp(kvcache_device(kv), backend_name(m->backend)) == 0;
 }
 
 int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, int64_t n,
 	       float *ret_logits, float *all_logits)
 {
 	const ModelConfig *c = &m->cfg;
-	if (n < 1)
+	if (n < 1 || !cache_fits(m, kv))
 		return -EINVAL;
 	if (n > kv->shape.capacity - kvcache_n_tokens(kv))
 		return MODEL_E_CONTEXT;
@@ -620,6 +707,8 @@ int model_eval_batch(const Model *m, ModelRun *r, KvCache *const *kvs, const int
 		for (int j = 0; j < i; j++)
 			if (kvs[j] == kvs[i])
 				return -EINVAL;
+		if (!cache_fits(m, kvs[i]))
+			return -EINVAL;
 		if (kvcache_n_tokens(kvs[i]) >= kvs[i]->shape.capacity)
 			return MODEL_E_CONTEXT;
 		if (tokens[i] < 0 || tokens[i] >= c->n_vocab)

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "gguf.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -65,7 +66,8 @@ typedef struct LayerWeights {
 } LayerWeights;
 
 typedef struct Model {
-	Gguf *gguf;             /* owns the mapping all weights point into */
+	Backend *backend;       /* borrowed: where weights live and the forward pass runs */
+	Gguf *gguf;             /* owns the mapping the weights are read from */
 	ModelConfig cfg;
 	Rope rope;
 	MatmulWeight tok_embd;  /* (n_vocab, dim) */
@@ -84,14 +86,36 @@ typedef struct Model {
 #define MODEL_DEFAULT_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 char *model_default_path(char *buf, size_t size);
 
+/* Load onto the CPU backend. */
 int model_load(const char *path, Model **ret, Error *err);
+/*
+ * Load onto backend b (borrowed: it must outlive the model): every weight
+ * is uploaded once, here. Returns 0, the codes above, -ENOMEM (host or
+ * device memory: err says which tensor did not fit) or the backend's error.
+ */
+int model_load_on(const char *path, Backend *b, Model **ret, Error *err);
 /* Build from an opened GGUF (consumed: freed with the model, or on error). */
-int model_load_gguf(Gguf *g, Model **ret, Error *err);
+int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err);
 Model *model_free(Model *m);
 DEFINE_FREEP(Model, model_free)
 
 /* Shape of a KV cache for this model with capacity n_ctx tokens. */
 KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx);
+
+/*
+ * A KV cache of n_ctx tokens in the model's backend memory: f32 when plan
+ * is NULL, else plan's types with codec seeds from seed (kvstore.h). The
+ * model only evaluates into caches of its own backend.
+ */
+int model_kvcache_new(const Model *m, const KvPlan *plan, uint64_t seed, int64_t n_ctx, KvCache **ret,
+		      Error *err);
+
+/*
+ * A cache of the model's backend holding what the host cache host holds
+ * (a restored session). host is consumed on success (*ret may be host
+ * itself, on the CPU) and left to the caller on error.
+ */
+int model_kvcache_adopt(const Model *m, KvCache *host, KvCache **ret, Error *err);
 
 /*
  * Activation buffers for batches of up to max_batch tokens, and the
@@ -107,7 +131,9 @@ DEFINE_FREEP(ModelRun, model_run_free)
  * Evaluate n tokens at positions kv->n_tokens .. +n-1, appending their K
  * and V to kv (any length: split into batches internally). Writes logits
  * (n_vocab,) of the last token to ret_logits if non-NULL, and of every
- * token to all_logits (n, n_vocab) if non-NULL. Returns 0, -ENOMEM,
+ * token to all_logits (n, n_vocab) if non-NULL (host arrays, whatever
+ * the backend). kv must be a cache of the model's backend
+ * (model_kvcache_new), else -EINVAL. Returns 0, -ENOMEM,
  * MODEL_E_CONTEXT if the cache would overflow or MODEL_E_TOKEN for an id
  * outside the vocabulary (KV cache codes are translated, never passed up).
  */

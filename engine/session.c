@@ -400,6 +400,11 @@ int session_write_fd(int fd, const SessionState *s, uint64_t fingerprint, const 
 		return error_set(err, -ENOMEM, "out of memory");
 	if (!s || !s->kv || (s->n_tokens && !s->tokens))
 		return error_set(err, -EINVAL, "no session state to write");
+	/* A GPU cache is written from its host copy: the file does not say where it was computed. */
+	SessionState host_view = *s;
+	if ((r = kvcache_host(s->kv, &host_view.kv)) != 0)
+		return error_set(err, r, "cannot copy the %s cache to the host", kvcache_device(s->kv));
+	s = &host_view;
 	for (size_t i = 0; i < spec_len; i++)
 		if (kv_spec[i] < 0x20 || kv_spec[i] > 0x7e)
 			return error_set(err, -EINVAL, "the KV spec is not printable ASCII");

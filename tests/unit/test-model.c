@@ -310,6 +310,93 @@ START_TEST(eval_rejects_bad_tokens_and_overflow)
 }
 END_TEST
 
+/* A cache that claims to live elsewhere: the model must not hand it host pointers. */
+static int elsewhere_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k, const float *v)
+{
+	ck_abort_msg("append on a cache of another backend");
+	return 0;
+}
+
+static void elsewhere_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok, const float *q,
+			     float *out)
+{
+	ck_abort_msg("attend on a cache of another backend");
+}
+
+static size_t elsewhere_bytes(const KvCache *kv)
+{
+	return 0;
+}
+
+static void elsewhere_free(KvCache *kv)
+{
+}
+
+START_TEST(backends_and_devices)
+{
+	DeviceChoice d;
+	for (DeviceChoice c = DEVICE_AUTO; c <= DEVICE_CUDA; c++) {
+		ck_assert_int_eq(device_choice_from_name(device_choice_name(c), &d), 0);
+		ck_assert_int_eq(d, c);
+	}
+	ck_assert_int_eq(device_choice_from_name("tpu", &d), -EINVAL);
+	ck_assert_int_eq(device_choice_from_name("", &d), -EINVAL);
+
+	Backend *b = NULL;
+	char why[256];
+	Error err = { 0 };
+	ck_assert_int_eq(backend_open(DEVICE_CPU, &b, why, sizeof(why), &err), 0);
+	ck_assert_ptr_eq(b, backend_cpu());
+	ck_assert_str_eq(backend_name(b), "cpu");
+	backend_free(b); /* the static CPU backend: a no-op */
+	/* cuda: a backend where a GPU answers, else an error that says why, never the CPU in disguise */
+	int r = backend_open(DEVICE_CUDA, &b, why, sizeof(why), &err);
+	if (r == 0) {
+		ck_assert_str_eq(backend_name(b), "cuda");
+		backend_free(b);
+	} else {
+		ck_assert_int_lt(r, 0);
+		ck_assert(err.msg[0]);
+		/* auto falls back to the CPU and says why */
+		ck_assert_int_eq(backend_open(DEVICE_AUTO, &b, why, sizeof(why), &err), 0);
+		ck_assert_ptr_eq(b, backend_cpu());
+		ck_assert(why[0]);
+	}
+
+	Model *m = load_model();
+	ck_assert_ptr_eq(m->backend, backend_cpu());
+	KvCache *kv = NULL, *same = NULL;
+	ck_assert_int_eq(model_kvcache_new(m, NULL, 0, 8, &kv, &err), 0);
+	ck_assert(kvcache_is_f32(kv));
+	ck_assert_str_eq(kvcache_device(kv), "cpu");
+	ck_assert_int_eq(model_kvcache_adopt(m, kv, &same, &err), 0);
+	ck_assert_ptr_eq(same, kv); /* host caches stay where they are */
+	ck_assert_int_eq(kvcache_host(kv, &same), 0);
+	ck_assert_ptr_eq(same, kv);
+
+	static const KvCacheOps elsewhere_ops = {
+		.name = "elsewhere", .device = "elsewhere", .append = elsewhere_append,
+		.attend = elsewhere_attend, .bytes_per_token = elsewhere_bytes, .free = elsewhere_free,
+	};
+	KvCache other = { .ops = &elsewhere_ops, .shape = kv->shape };
+	KvCache *two[2] = { kv, &other };
+	ModelRun *run = NULL;
+	ck_assert_int_eq(model_run_new(m, 4, NULL, &run), 0);
+	int32_t tok[2] = { 1, 2 };
+	float *logits = malloc(2 * sizeof(float) * m->cfg.n_vocab);
+	ck_assert_int_eq(model_eval(m, run, &other, tok, 1, logits, NULL), -EINVAL);
+	ck_assert_int_eq(model_eval_batch(m, run, two, tok, 2, logits), -EINVAL);
+	ck_assert_int_eq(kvcache_n_tokens(kv), 0); /* rejected before anything ran */
+	KvCache *tap = NULL;
+	KvCacheTap t = { 0 };
+	ck_assert_int_eq(kvcache_new_tap(&other, &t, &tap), -EINVAL);
+	free(logits);
+	model_run_free(run);
+	kvcache_free(kv);
+	model_free(m);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("model");
@@ -317,6 +404,7 @@ int main(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, config_of_default_model);
 	tcase_add_test(tc, eval_rejects_bad_tokens_and_overflow);
+	tcase_add_test(tc, backends_and_devices);
 	tcase_add_test(tc, logits_match_llama_cpp);
 	tcase_add_test(tc, logits_match_exact_math);
 	tcase_add_test(tc, greedy_matches_llama_cpp);

@@ -25,6 +25,7 @@ void lab_common_init(LabCommon *c)
 	long n = sysconf(_SC_NPROCESSORS_ONLN);
 	*c = (LabCommon){
 		.model_path = lab_default_model_path(path, sizeof(path)),
+		.device = DEVICE_CPU, /* measurements stay on the reference path unless asked */
 		.threads = (int)(n < 1 ? 1 : n > 8 ? 8 : n),
 		.ctx = 0,
 		.json = false,
@@ -76,16 +77,41 @@ int lab_common_option(LabCommon *c, int opt, const char *arg)
 	case LAB_OPT_JSON:
 		c->json = true;
 		return 1;
+	case LAB_OPT_DEVICE:
+		if (device_choice_from_name(arg, &c->device) != 0) {
+			fprintf(stderr, "turbokv-lab: --device '%s': one of auto, cpu, cuda\n", arg);
+			return -1;
+		}
+		return 1;
 	default:
 		return 0;
 	}
+}
+
+/* The backend of lab_load(): one per process, released at exit after every model. */
+static Backend *lab_backend;
+
+static void lab_backend_release(void)
+{
+	lab_backend = backend_free(lab_backend);
 }
 
 int lab_load(const LabCommon *c, Model **ret_model, Tokenizer **ret_tok)
 {
 	Error err = { 0 };
 	_cleanup_(model_freep) Model *m = NULL;
-	int r = model_load(c->model_path, &m, &err);
+	int r;
+	if (!lab_backend) {
+		char why_not_gpu[256];
+		if ((r = backend_open(c->device, &lab_backend, why_not_gpu, sizeof(why_not_gpu), &err)) != 0) {
+			fprintf(stderr, "turbokv-lab: --device %s: %s\n", device_choice_name(c->device), err.msg);
+			return -1;
+		}
+		atexit(lab_backend_release);
+		if (c->device == DEVICE_AUTO && why_not_gpu[0])
+			fprintf(stderr, "turbokv-lab: --device auto: on the CPU (%s)\n", why_not_gpu);
+	}
+	r = model_load_on(c->model_path, lab_backend, &m, &err);
 	if (r != 0) {
 		if (r < 0 && !err.msg[0])
 			fprintf(stderr, "turbokv-lab: cannot load model %s: %s\n", c->model_path, strerror(-r));
@@ -110,28 +136,20 @@ int lab_load(const LabCommon *c, Model **ret_model, Tokenizer **ret_tok)
 int lab_kvcache_new(const Model *m, const char *spec, int64_t n_ctx, KvCache **ret, double *ret_bits)
 {
 	KvCacheShape shape = model_kv_shape(m, n_ctx);
-	Error err = { 0 };
-	int r;
-	if (!spec || strcmp(spec, "f32") == 0) {
-		if ((r = kvcache_new_f32(&shape, ret)) < 0) {
-			fprintf(stderr, "turbokv-lab: KV cache: %s\n", strerror(-r));
-			return -1;
-		}
-		if (ret_bits)
-			*ret_bits = 32.0;
-		return 0;
-	}
 	_cleanup_(kvplan_freep) KvPlan *plan = NULL;
-	r = kvplan_from_text(spec, shape.n_layers, shape.n_kv_heads, shape.head_dim, &plan, &err);
+	Error err = { 0 };
+	int r = 0;
+	if (spec && strcmp(spec, "f32") != 0)
+		r = kvplan_from_text(spec, shape.n_layers, shape.n_kv_heads, shape.head_dim, &plan, &err);
 	if (r == 0)
-		r = kvcache_new_quant(&shape, plan, 0, ret, &err);
+		r = model_kvcache_new(m, plan, 0, n_ctx, ret, &err);
 	if (r != 0) {
-		fprintf(stderr, "turbokv-lab: --kv %s: %s\n", spec,
+		fprintf(stderr, "turbokv-lab: --kv %s: %s\n", spec ? spec : "f32",
 			err.msg[0] ? err.msg : strerror(r < 0 ? -r : EINVAL));
 		return -1;
 	}
 	if (ret_bits)
-		*ret_bits = kvplan_bits_per_value(plan);
+		*ret_bits = plan ? kvplan_bits_per_value(plan) : 32.0;
 	return 0;
 }
 

@@ -20,6 +20,7 @@ enum {
 
 typedef struct LabCommon {
 	const char *model_path;
+	DeviceChoice device;
 	int threads;
 	int64_t ctx;
 	bool json;
@@ -43,26 +44,32 @@ enum {
 	LAB_OPT_THREADS = 't',
 	LAB_OPT_CTX = 'c',
 	LAB_OPT_JSON = 0x1000,
+	LAB_OPT_DEVICE,
 };
 #define LAB_COMMON_LONGOPTS                                              \
 	{ "model", required_argument, NULL, LAB_OPT_MODEL },             \
 	{ "threads", required_argument, NULL, LAB_OPT_THREADS },         \
 	{ "ctx", required_argument, NULL, LAB_OPT_CTX },                 \
-	{ "json", no_argument, NULL, LAB_OPT_JSON }
+	{ "json", no_argument, NULL, LAB_OPT_JSON },                     \
+	{ "device", required_argument, NULL, LAB_OPT_DEVICE }
 #define LAB_COMMON_SHORTOPTS "m:t:c:"
 #define LAB_COMMON_HELP                                                              \
 	"  -m, --model PATH    GGUF model (default: $TURBOKV_MODEL or the setup cache)\n" \
+	"      --device D      auto, cpu or cuda (default cpu)\n"                     \
 	"  -t, --threads N     worker threads (default: CPUs, at most 8)\n"            \
 	"  -c, --ctx N         context size in tokens (default: the model's, at most 8192)\n" \
 	"      --json          machine-readable output\n"
 
-/* Load model and tokenizer, printing errors. Returns 0 or -1. */
+/*
+ * Load model and tokenizer on --device, printing errors. The backend
+ * lives until the program exits. Returns 0 or -1.
+ */
 int lab_load(const LabCommon *c, Model **ret_model, Tokenizer **ret_tok);
 
 /*
- * The KV cache of --kv spec for m with n_ctx tokens: the plain f32 cache
- * when spec is NULL or "f32" (the reference path, unchanged), else a
- * kvstore cache (engine/kvstore.h) with seed 0. *ret_bits (may be NULL) =
+ * The KV cache of --kv spec for m with n_ctx tokens, in m's backend: the
+ * plain f32 cache when spec is NULL or "f32" (the reference path,
+ * unchanged), else a kvstore cache (engine/kvstore.h) with seed 0. *ret_bits (may be NULL) =
  * bits per value (turboquant.md section 6). Returns 0 or -1 (message
  * printed).
  */
