@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,6 +200,69 @@ static int manager_load_model(Manager *m)
 	return 0;
 }
 
+/* Last-token logits of a few fixed tokens on m with a fresh f32 cache into logits; 0 or an error. */
+static int probe_logits(const Model *model, const int32_t *tokens, int n, float *logits)
+{
+	_cleanup_(kvcache_freep) KvCache *kv = NULL;
+	_cleanup_(model_run_freep) ModelRun *run = NULL;
+	int r;
+	if ((r = model_kvcache_new(model, NULL, 0, n, &kv, NULL)) != 0 || (r = model_run_new(model, n, NULL, &run)) != 0)
+		return r;
+	return model_eval(model, run, kv, tokens, n, logits, NULL);
+}
+
+/*
+ * A GPU backend must agree with the CPU before it serves: a few tokens
+ * through both, the last logits compared by model_logits_agree(). On
+ * disagreement `auto` goes on with the CPU model just loaded and `cuda`
+ * refuses to start: a wrong answer is worse than a slow one. Costs one
+ * CPU forward pass of 8 tokens at start-up.
+ */
+static int manager_check_backend(Manager *m)
+{
+	if (backend_is_host(m->backend))
+		return 0;
+	const Config *cfg = m->config;
+	_cleanup_(model_freep) Model *cpu = NULL;
+	Error err = { 0 };
+	int r = model_load(cfg->model_path, &cpu, &err);
+	if (r != 0)
+		return log_error_errno(r < 0 ? r : -EINVAL, "cannot load %s on the CPU for the device check: %s",
+				       cfg->model_path, err.msg);
+	int n_vocab = cpu->cfg.n_vocab;
+	int32_t tokens[8];
+	for (int i = 0; i < 8; i++)
+		tokens[i] = (int32_t)((1 + 7919 * i) % n_vocab);
+	_cleanup_(freep) float *ref = malloc_array(n_vocab, sizeof(float));
+	_cleanup_(freep) float *got = malloc_array(n_vocab, sizeof(float));
+	if (!ref || !got)
+		return log_error_errno(-ENOMEM, "device check: out of memory");
+	if ((r = probe_logits(cpu, tokens, 8, ref)) != 0)
+		return log_error_errno(r < 0 ? r : -EINVAL, "device check: the CPU pass failed");
+	int rg = probe_logits(m->model, tokens, 8, got);
+	LogitsDiff d = rg == 0 ? model_logits_diff(got, ref, n_vocab) : (LogitsDiff){ .max_rel = INFINITY };
+	if (rg == 0 && model_logits_agree(&d)) {
+		log_info("%s agrees with the CPU (logits max rel %.4f, mean rel %.5f)", m->device_name, d.max_rel,
+			 d.mean_rel);
+		return 0;
+	}
+	if (rg != 0)
+		log_error("device check: the %s pass failed (%d): %s", m->device_name, rg,
+			  backend_last_error(m->backend));
+	else
+		log_error("device check: %s disagrees with the CPU (logits max rel %.4f, mean rel %.5f, top-1 %d "
+			  "against %d)", m->device_name, d.max_rel, d.mean_rel, d.top_got, d.top_ref);
+	if (cfg->device == DEVICE_CUDA)
+		return -EIO;
+	log_warning("--device auto: running on the CPU instead");
+	model_free(m->model);
+	m->model = TAKE_PTR(cpu);
+	m->backend = backend_free(m->backend);
+	m->backend = backend_cpu();
+	m->device_name = backend_name(m->backend);
+	return 0;
+}
+
 /* The KV type: plain f32 uses the engine's f32 cache; everything else the compressed store. */
 static int manager_setup_kv(Manager *m)
 {
@@ -239,7 +303,8 @@ int manager_startup(Manager *m)
 	int r;
 
 	if ((r = manager_setup_events(m)) < 0 || (r = manager_open_backend(m)) < 0 ||
-	    (r = manager_load_model(m)) < 0 || (r = manager_setup_kv(m)) < 0)
+	    (r = manager_load_model(m)) < 0 || (r = manager_check_backend(m)) < 0 ||
+	    (r = manager_setup_kv(m)) < 0)
 		return r;
 	if ((r = threadpool_new(cfg->threads, &m->threads)) < 0)
 		return log_error_errno(r, "cannot start %d threads: %m", cfg->threads);

@@ -12,6 +12,7 @@
 #include "connection.h"
 #include "engine/kvstore.h"
 #include "ipc/memfd.h"
+#include "log.h"
 #include "request.h"
 #include "sessions.h"
 
@@ -577,6 +578,9 @@ static int request_fail(Request *r, int k)
 {
 	if (k == MODEL_E_CONTEXT)
 		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
+	/* the device's own words go to the log, not to the client */
+	log_error("request %llu: evaluation failed (%d) on %s %s", (unsigned long long)r->id, k,
+		  r->conn->manager->device_name, backend_last_error(r->conn->manager->backend));
 	connection_send_error(r->conn, r->id, PROTOCOL_E_INTERNAL, "evaluation failed: %s",
 			      k < 0 ? strerror(-k) : "engine error");
 	return 1;

@@ -47,6 +47,8 @@ typedef struct Backend Backend;
 typedef struct BackendOps {
 	const char *name; /* "cpu", "cuda" */
 	void (*free)(Backend *b);
+	/* Optional: what the last failed op met ("CUDA rmsnorm: an illegal memory access ..."). */
+	const char *(*last_error)(Backend *b);
 
 	/* ---- memory ---- */
 	/* bytes of backend memory (uninitialized); -ENOMEM when there is none left */
@@ -139,6 +141,13 @@ DEFINE_FREEP(Backend, backend_free)
 static inline const char *backend_name(const Backend *b)
 {
 	return b->ops->name;
+}
+
+/* The message of b's last failure, "" if it keeps none. */
+static inline const char *backend_last_error(Backend *b)
+{
+	const char *msg = b->ops->last_error ? b->ops->last_error(b) : NULL;
+	return msg ? msg : "";
 }
 
 /* Whether b computes in host memory (then pointers may be read directly). */

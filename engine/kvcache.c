@@ -179,6 +179,11 @@ size_t kvcache_bytes_per_token(const KvCache *kv)
 	return kv->ops->bytes_per_token(kv);
 }
 
+int kvcache_take_error(KvCache *kv)
+{
+	return kv->ops->take_error ? kv->ops->take_error(kv) : 0;
+}
+
 const char *kvcache_device(const KvCache *kv)
 {
 	return kv->ops->device ? kv->ops->device : "cpu";

@@ -57,6 +57,13 @@ typedef struct KvCacheOps {
 	 * Owned by kv, valid until its next append.
 	 */
 	int (*to_host)(KvCache *kv, KvCache **ret);
+	/*
+	 * Optional: attend() returns nothing, so a cache whose attend can fail
+	 * (a device launch, device scratch memory) keeps the first failure;
+	 * this returns and clears it (0 or a negative errno). The model asks
+	 * after every batch.
+	 */
+	int (*take_error)(KvCache *kv);
 	void (*free)(KvCache *kv);
 } KvCacheOps;
 
@@ -82,6 +89,9 @@ int64_t kvcache_n_tokens(const KvCache *kv);
 void kvcache_set_n_tokens(KvCache *kv, int64_t n);
 
 size_t kvcache_bytes_per_token(const KvCache *kv);
+
+/* KvCacheOps.take_error, or 0 for a cache without one. */
+int kvcache_take_error(KvCache *kv);
 
 /* The backend name of kv's memory: "cpu" for host caches. */
 const char *kvcache_device(const KvCache *kv);

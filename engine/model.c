@@ -413,6 +413,40 @@ int model_kvcache_adopt(const Model *m, KvCache *host, KvCache **ret, Error *err
 	return m->backend->ops->kvcache_adopt(m->backend, host, ret, err);
 }
 
+LogitsDiff model_logits_diff(const float *got, const float *ref, int n)
+{
+	LogitsDiff d = { .top_got = 0, .top_ref = 0 };
+	float lo = ref[0], hi = ref[0];
+	for (int i = 1; i < n; i++) {
+		lo = fminf(lo, ref[i]);
+		if (ref[i] > hi) {
+			hi = ref[i];
+			d.top_ref = i;
+		}
+		if (!(got[i] <= got[d.top_got])) /* NaN-proof: a NaN is never the top */
+			d.top_got = isnan(got[i]) ? d.top_got : i;
+	}
+	double range = fmax((double)hi - lo, 1e-6), sum = 0.0, second = -INFINITY;
+	for (int i = 0; i < n; i++) {
+		double diff = fabs((double)got[i] - ref[i]);
+		if (!isfinite(diff))
+			diff = INFINITY;
+		d.max_rel = fmax(d.max_rel, diff / range);
+		sum += diff;
+		if (i != d.top_ref)
+			second = fmax(second, ref[i]);
+	}
+	d.mean_rel = sum / n / range;
+	d.margin = n > 1 ? (hi - second) / range : 1.0;
+	return d;
+}
+
+bool model_logits_agree(const LogitsDiff *d)
+{
+	return d->max_rel <= MODEL_LOGITS_MAX_REL && d->mean_rel <= MODEL_LOGITS_MEAN_REL &&
+	       (d->margin <= MODEL_LOGITS_CLEAR_MARGIN || d->top_got == d->top_ref);
+}
+
 void model_describe(const Model *m, char *buf, size_t size)
 {
 	const ModelConfig *c = &m->cfg;
@@ -649,8 +683,11 @@ static int eval_batch(const Model *m, ModelRun *r, const EvalSeqs *s, const int3
 	for (int il = 0; il < c->n_layers; il++)
 		if ((e = layer_forward(m, r, s, il, n)))
 			return e;
-	for (int64_t i = 0; i < s->n_seq; i++)
+	for (int64_t i = 0; i < s->n_seq; i++) {
+		if ((e = kvcache_take_error(s->kvs[i])))
+			return e; /* a failed attend: the batch's outputs are not to be trusted */
 		kvcache_set_n_tokens(s->kvs[i], s->pos[i] + per);
+	}
 
 	if (all_logits) {
 		if ((e = batch_logits(m, r, 0, n, all_logits)))

@@ -154,5 +154,29 @@ int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, 
 int model_eval_batch(const Model *m, ModelRun *r, KvCache *const *kvs, const int32_t *tokens, int n,
 		     float *logits);
 
+/*
+ * How far logits got are from ref (n each), measured against the spread
+ * of ref: the backends agree only to within activation rounding (the CPU
+ * quantizes activations to 8 bits for quantized weights, CUDA does not),
+ * so closeness is relative to max - min of ref, and the top-1 tokens must
+ * agree only where ref's top-1/top-2 gap is clear of that noise.
+ */
+typedef struct LogitsDiff {
+	double max_rel;  /* max |got - ref| / (max - min of ref); INFINITY if got has a NaN or inf */
+	double mean_rel; /* mean |got - ref| / (max - min of ref) */
+	double margin;   /* (top-1 - top-2 of ref) / (max - min of ref) */
+	int top_got, top_ref;
+} LogitsDiff;
+
+LogitsDiff model_logits_diff(const float *got, const float *ref, int n);
+
+/* Limits the GPU check and the daemon's start-up check hold a backend to against the CPU. */
+#define MODEL_LOGITS_MAX_REL 0.05
+#define MODEL_LOGITS_MEAN_REL 0.01
+#define MODEL_LOGITS_CLEAR_MARGIN 0.05
+
+/* Whether d is within those limits (top-1 compared only when ref's margin is clear). */
+bool model_logits_agree(const LogitsDiff *d);
+
 /* Human description ("llama 30 layers, dim 576, ...") into buf. */
 void model_describe(const Model *m, char *buf, size_t size);

@@ -99,6 +99,7 @@ static void manager_init(void)
 	CHECK(sd_event_new(&m->event) >= 0);
 
 	snprintf(path, sizeof(path), "%s/tiny/" FUZZ_MODEL, dir && *dir ? dir : FUZZ_DATA_DIR);
+	m->backend = backend_cpu();
 	if ((r = model_load(path, &m->model, &err)) != 0)
 		setup_failed(path, r, &err);
 	if ((r = tokenizer_new_from_gguf(m->model->gguf, &m->tokenizer, &err)) != 0)

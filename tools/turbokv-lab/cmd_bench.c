@@ -12,6 +12,9 @@
  * has been filled with D tokens by real prefill (llama-bench -d): depths
  * in ascending order, each prefilled on top of the previous one, the
  * cache rewound to D before every timed run. Prefill time is not counted.
+ * --fill random appends seeded random K and V rows instead of running the
+ * model over D tokens: decode reads the same bytes either way, and deep
+ * contexts on slow prefill paths are filled in seconds.
  */
 #include <getopt.h>
 #include <math.h>
@@ -30,6 +33,7 @@ typedef struct BenchOptions {
 	const char *kv; /* --kv SPEC, NULL: f32 */
 	long depth[16]; /* --depth, ascending; {0} by default */
 	int n_depth;
+	bool fill_random; /* --fill random */
 } BenchOptions;
 
 static void usage(FILE *f)
@@ -42,6 +46,8 @@ static void usage(FILE *f)
 		"      --kv SPEC        KV cache types (tq4, q8_0:q4_0, ...; default f32)\n"
 		"  -d, --depth LIST     decode test after prefilling each of these many tokens\n"
 		"                       (comma-separated, up to 16; default 0)\n"
+		"      --fill HOW       how depths are filled: prefill (default, the model runs\n"
+		"                       over the tokens) or random (seeded random K/V rows)\n"
 		LAB_COMMON_HELP);
 }
 
@@ -95,6 +101,50 @@ static int parse_depths(BenchOptions *o, const char *arg)
 	return 0;
 }
 
+/*
+ * Positions from .. to - 1 of every layer of kv get seeded random K and V
+ * rows (N(0, 1) with a few loud channels, like real keys), written
+ * through the model's backend in chunks.
+ */
+static int fill_random(const Model *m, KvCache *kv, long from, long to)
+{
+	Backend *b = m->backend;
+	const long chunk = 256;
+	size_t row = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim, bytes = chunk * row * sizeof(float);
+	_cleanup_(freep) float *host = malloc(bytes);
+	void *dk = NULL, *dv = NULL;
+	int r = host ? 0 : -ENOMEM;
+	if (r == 0 && (r = b->ops->alloc(b, bytes, &dk)) == 0)
+		r = b->ops->alloc(b, bytes, &dv);
+	uint64_t s = 0x9e3779b97f4a7c15ull;
+	/* chunk by chunk, every layer, as the model appends a batch */
+	for (long p = from; r == 0 && p < to; p += chunk) {
+		long n = MIN(chunk, to - p);
+		for (int il = 0; r == 0 && il < m->cfg.n_layers; il++) {
+			for (int side = 0; r == 0 && side < 2; side++) {
+				for (size_t i = 0; i < (size_t)n * row; i++) {
+					s = s * 6364136223846793005ull + 1442695040888963407ull;
+					/* sum of 4 uniforms: close enough to normal for a cache's contents */
+					double u = 0.0;
+					for (int k = 0; k < 4; k++)
+						u += (double)((s >> (11 + 12 * k)) & 0xfff) / 4096.0;
+					host[i] = (float)((u - 2.0) * 1.7) * (i % m->cfg.head_dim % 29 == 3 ? 8.0f : 1.0f);
+				}
+				r = b->ops->upload(b, side ? dv : dk, host, (size_t)n * row * sizeof(float));
+			}
+			if (r == 0)
+				r = kvcache_append(kv, il, p, n, dk, dv);
+		}
+		if (r == 0)
+			kvcache_set_n_tokens(kv, p + n);
+	}
+	if (dk)
+		b->ops->dealloc(b, dk);
+	if (dv)
+		b->ops->dealloc(b, dv);
+	return r;
+}
+
 /* One timed run from depth tokens: seconds for the test, or a negative value on failure. */
 static double bench_once(const Model *m, ModelRun *run, KvCache *kv, const int32_t *tokens, long n,
 			 bool prefill, long depth, float *logits)
@@ -145,7 +195,7 @@ static int bench_test(const Model *m, ModelRun *run, KvCache *kv, const int32_t 
 
 int cmd_bench(int argc, char **argv)
 {
-	enum { OPT_HELP = 0x2000, OPT_KV };
+	enum { OPT_HELP = 0x2000, OPT_KV, OPT_FILL };
 	static const struct option longopts[] = {
 		LAB_COMMON_LONGOPTS,
 		{ "n-prompt", required_argument, NULL, 'p' },
@@ -153,6 +203,7 @@ int cmd_bench(int argc, char **argv)
 		{ "repetitions", required_argument, NULL, 'r' },
 		{ "kv", required_argument, NULL, OPT_KV },
 		{ "depth", required_argument, NULL, 'd' },
+		{ "fill", required_argument, NULL, OPT_FILL },
 		{ "help", no_argument, NULL, OPT_HELP },
 		{}
 	};
@@ -183,6 +234,13 @@ int cmd_bench(int argc, char **argv)
 		case 'd':
 			if (parse_depths(&o, optarg) < 0)
 				return LAB_EXIT_USAGE;
+			break;
+		case OPT_FILL:
+			if (strcmp(optarg, "random") != 0 && strcmp(optarg, "prefill") != 0) {
+				fprintf(stderr, "turbokv-lab: --fill '%s': prefill or random\n", optarg);
+				return LAB_EXIT_USAGE;
+			}
+			o.fill_random = strcmp(optarg, "random") == 0;
 			break;
 		case OPT_HELP: usage(stdout); return LAB_EXIT_OK;
 		default: usage(stderr); return LAB_EXIT_USAGE;
@@ -230,7 +288,8 @@ int cmd_bench(int argc, char **argv)
 	for (int i = 0; r == 0 && o.n_gen > 0 && i < o.n_depth; i++) {
 		long d = o.depth[i];
 		kvcache_set_n_tokens(kv, filled);
-		if (d > filled && model_eval(m, run, kv, tokens + filled, d - filled, logits, NULL) != 0)
+		if (d > filled && (o.fill_random ? fill_random(m, kv, filled, d)
+						 : model_eval(m, run, kv, tokens + filled, d - filled, logits, NULL)) != 0)
 			r = -1;
 		filled = d;
 		if (r == 0)
@@ -251,8 +310,8 @@ int cmd_bench(int argc, char **argv)
 	if (o.common.json) {
 		printf("{\"model\": ");
 		json_write_string(stdout, base, strlen(base));
-		printf(", \"model_bytes\": %zu, \"threads\": %d, \"kv\": ", gguf_file_size(m->gguf),
-		       o.common.threads);
+		printf(", \"model_bytes\": %zu, \"device\": \"%s\", \"threads\": %d, \"kv\": ",
+		       gguf_file_size(m->gguf), backend_name(m->backend), o.common.threads);
 		json_write_string(stdout, kv_name, strlen(kv_name));
 		printf(", \"kv_bits_per_value\": %.4f, \"kv_bytes_per_token\": %zu, \"peak_rss_bytes\": %ld, \"results\": [",
 		       kv_bits, kvcache_bytes_per_token(kv), ru.ru_maxrss * 1024L);
@@ -262,7 +321,7 @@ int cmd_bench(int argc, char **argv)
 			       o.reps);
 		printf("]}\n");
 	} else {
-		printf("model: %s (%s)\n", base, desc);
+		printf("model: %s (%s), on %s\n", base, desc, backend_name(m->backend));
 		printf("| %-36s | %9s | %7s | %14s | %22s |\n", "model", "size", "threads", "test", "t/s (median ± sd)");
 		printf("| %.36s | %.9s | %.7s | %.14s | %.22s |\n", "------------------------------------",
 		       "---------", "-------", "--------------", "----------------------");
