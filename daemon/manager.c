@@ -201,14 +201,18 @@ static int manager_load_model(Manager *m)
 }
 
 /* Last-token logits of a few fixed tokens on m with a fresh f32 cache into logits; 0 or an error. */
-static int probe_logits(const Model *model, const int32_t *tokens, int n, float *logits)
+static int probe_logits(const Model *model, const int32_t *tokens, int n, float *logits, Error *err)
 {
 	_cleanup_(kvcache_freep) KvCache *kv = NULL;
 	_cleanup_(model_run_freep) ModelRun *run = NULL;
 	int r;
-	if ((r = model_kvcache_new(model, NULL, 0, n, &kv, NULL)) != 0 || (r = model_run_new(model, n, NULL, &run)) != 0)
+	if ((r = model_kvcache_new(model, NULL, 0, n, &kv, err)) != 0)
 		return r;
-	return model_eval(model, run, kv, tokens, n, logits, NULL);
+	if ((r = model_run_new(model, n, NULL, &run)) != 0)
+		return error_set(err, r, "cannot allocate activations");
+	if ((r = model_eval(model, run, kv, tokens, n, logits, NULL)) != 0)
+		return error_set(err, r, "evaluation failed: %s", backend_last_error(model->backend));
+	return 0;
 }
 
 /*
@@ -237,9 +241,9 @@ static int manager_check_backend(Manager *m)
 	_cleanup_(freep) float *got = malloc_array(n_vocab, sizeof(float));
 	if (!ref || !got)
 		return log_error_errno(-ENOMEM, "device check: out of memory");
-	if ((r = probe_logits(cpu, tokens, 8, ref)) != 0)
-		return log_error_errno(r < 0 ? r : -EINVAL, "device check: the CPU pass failed");
-	int rg = probe_logits(m->model, tokens, 8, got);
+	if ((r = probe_logits(cpu, tokens, 8, ref, &err)) != 0)
+		return log_error_errno(r < 0 ? r : -EINVAL, "device check: the CPU pass failed: %s", err.msg);
+	int rg = probe_logits(m->model, tokens, 8, got, &err);
 	LogitsDiff d = rg == 0 ? model_logits_diff(got, ref, n_vocab) : (LogitsDiff){ .max_rel = INFINITY };
 	if (rg == 0 && model_logits_agree(&d)) {
 		log_info("%s agrees with the CPU (logits max rel %.4f, mean rel %.5f)", m->device_name, d.max_rel,
@@ -247,8 +251,7 @@ static int manager_check_backend(Manager *m)
 		return 0;
 	}
 	if (rg != 0)
-		log_error("device check: the %s pass failed (%d): %s", m->device_name, rg,
-			  backend_last_error(m->backend));
+		log_error("device check: the %s pass failed: %s", m->device_name, err.msg);
 	else
 		log_error("device check: %s disagrees with the CPU (logits max rel %.4f, mean rel %.5f, top-1 %d "
 			  "against %d)", m->device_name, d.max_rel, d.mean_rel, d.top_got, d.top_ref);
