@@ -10,6 +10,11 @@
  * shapes the GPU cannot take fail at creation, and attend before a
  * layer's first append is an error, not a crash.
  *
+ * tests/unit/meson.build also builds this file against a host emulation
+ * of kv_cuda.h (tests/unit/kv_cuda_emul.c), so that the cache's host
+ * logic runs on every CI machine; there TKV_CUDA_EMUL_MEM_LIMIT caps
+ * device memory and check_out_of_memory() runs too.
+ *
  * Exits 77 (skipped) where there is no GPU, 1 on any mismatch. Plain C
  * without Check, like test-gpu-kvattn.c.
  */
@@ -315,6 +320,92 @@ static int check_refusals(void)
 	return failed;
 }
 
+/* Capacity at which one layer of a plan's cache takes about 60% of limit bytes: two do not fit. */
+static int64_t oom_capacity(const KvPlan *plan, size_t limit)
+{
+	KvCacheShape cs = { .n_layers = N_LAYERS, .n_heads = N_HEADS, .n_kv_heads = N_KV_HEADS,
+			    .head_dim = DIM, .capacity = 32 };
+	KvCache *kv = NULL;
+	Error err = { 0 };
+	if (cuda_kvcache_new(&cs, plan, SEED, &kv, &err))
+		return 0;
+	size_t layer_per_token = kvcache_bytes_per_token(kv) / N_LAYERS;
+	kvcache_free(kv);
+	return (int64_t)(0.6 * (double)limit / (double)layer_per_token) / 32 * 32;
+}
+
+/*
+ * Under the emulation, with device memory capped at limit bytes: a cache
+ * that does not fit fails at creation with -ENOMEM, says how much it
+ * needed and gives all its device memory back, whether its layers are
+ * built at creation (f32) or reserved for their first append (an outlier
+ * type); an attend that gets no scratch is kept for take_error() and
+ * returned by the next append.
+ */
+static int check_out_of_memory(size_t limit)
+{
+	static const char *const oom_specs[] = { "f32", "tq3.5o" };
+	int failed = 0;
+	for (size_t i = 0; i < sizeof(oom_specs) / sizeof(oom_specs[0]); i++) {
+		KvPlan *plan = NULL;
+		KvCache *kv = NULL;
+		Error err = { 0 };
+		int r = strcmp(oom_specs[i], "f32") ? kvplan_from_text(oom_specs[i], N_LAYERS, N_KV_HEADS,
+								       DIM, &plan, &err) : 0;
+		KvCacheShape cs = { .n_layers = N_LAYERS, .n_heads = N_HEADS, .n_kv_heads = N_KV_HEADS,
+				    .head_dim = DIM, .capacity = r ? 0 : oom_capacity(plan, limit) };
+		if (!r && cs.capacity > 0)
+			r = cuda_kvcache_new(&cs, plan, SEED, &kv, &err);
+		void *all = cuda_alloc(limit); /* nothing is left allocated */
+		bool ok = r == -ENOMEM && !kv && strstr(err.msg, "out of device memory") && all;
+		printf("%s out of device memory: %s, capacity %lld: %d (%s)%s\n", ok ? "ok  " : "FAIL",
+		       oom_specs[i], (long long)cs.capacity, r, err.msg,
+		       all ? "" : ", device memory not given back");
+		failed |= !ok;
+		cuda_free(all);
+		kvcache_free(kv);
+		kvplan_free(plan);
+	}
+
+	/* a cache that fits, then the rest of the device filled: attend gets no scratch */
+	KvCacheShape cs = { .n_layers = 1, .n_heads = N_HEADS, .n_kv_heads = N_KV_HEADS,
+			    .head_dim = DIM, .capacity = 64 };
+	KvCache *kv = NULL;
+	Error err = { 0 };
+	float *x = rand_rows(32, QROW); /* 32 tokens of q, and of k and v (ROW <= QROW) */
+	float *dx = upload(x, 32 * QROW * sizeof(float)), *dout = cuda_alloc(32 * QROW * sizeof(float));
+	void *fill[64];
+	int n_fill = 0, append = 0, taken = -1, again = -1;
+	int r = cuda_kvcache_new(&cs, NULL, 0, &kv, &err);
+	if (!r && !(r = kvcache_append(kv, 0, 0, 32, dx, dx)))
+		kvcache_set_n_tokens(kv, 32);
+	for (size_t size = limit; size >= 64 && n_fill < 64;)
+		if ((fill[n_fill] = cuda_alloc(size)))
+			n_fill++;
+		else
+			size /= 2;
+	if (!r) {
+		kvcache_attend(kv, NULL, 0, 0, 32, dx, dout);
+		append = kvcache_append(kv, 0, 32, 1, dx, dx);
+		taken = kvcache_take_error(kv);
+	}
+	while (n_fill > 0)
+		cuda_free(fill[--n_fill]);
+	if (!r) {
+		kvcache_attend(kv, NULL, 0, 0, 32, dx, dout);
+		again = kvcache_take_error(kv);
+	}
+	bool ok = !r && append == -ENOMEM && taken == 0 && again == 0;
+	printf("%s attend without scratch: next append %d, then take_error %d; with memory again %d%s\n",
+	       ok ? "ok  " : "FAIL", append, taken, again, r ? " (setup failed)" : "");
+	failed |= !ok;
+	kvcache_free(kv);
+	cuda_free(dx);
+	cuda_free(dout);
+	free(x);
+	return failed;
+}
+
 int main(void)
 {
 	if (cuda_device_count() < 1) {
@@ -322,9 +413,16 @@ int main(void)
 		return 77;
 	}
 	int failures = check_refusals();
+	size_t n_checks = 1 + sizeof(specs) / sizeof(specs[0]);
 	for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++)
 		failures += check(specs[i]);
+	/* only under tests/unit/kv_cuda_emul.c: a GPU's memory is what it is */
+	const char *limit = getenv("TKV_CUDA_EMUL_MEM_LIMIT");
+	if (limit) {
+		failures += check_out_of_memory(strtoull(limit, NULL, 10));
+		n_checks++;
+	}
 	/* run.sh reads this line */
-	printf("%d of %zu GPU KV cache checks failed\n", failures, 1 + sizeof(specs) / sizeof(specs[0]));
+	printf("%d of %zu GPU KV cache checks failed\n", failures, n_checks);
 	return failures ? 1 : 0;
 }

@@ -1,0 +1,655 @@
+/*
+ * kv_cuda_emul.c: a host emulation of kernels/cuda/kv_cuda.h, for tests
+ * only. It lets the host code built on that API (kv_cuda_cache.c,
+ * kv_cuda_host.c) and tests/gpu/test-gpu-kvcache.c run on every CI
+ * machine, without a GPU and without nvcc (tests/unit/meson.build:
+ * kvcache-cuda-emulated). It proves nothing about the real kernels
+ * (kv_cuda.cu, kv_cuda_append.cu): not their launch arithmetic, warps,
+ * shared memory or asynchrony, nor that nvcc's -fmad=false build writes
+ * the CPU's bytes. tests/gpu/ on a real GPU is the check for those.
+ *
+ * What it keeps of kv_cuda.cu's semantics:
+ *   - One device, EMUL_SMS multiprocessors. cuda_kv_new() validates
+ *     shapes and sides with the same messages and codes, and lays out
+ *     blocks, codecs and scratch the same way (the CudaKv of
+ *     kv_cuda_internal.h).
+ *   - Append writes each row with kv_kernel.h's encoders, the bytes the
+ *     CPU store writes (this file is C11, which does not contract to FMA).
+ *   - Attend is the same three steps on the same scratch: queries
+ *     prepared into the stored domain, per split of blocks an online
+ *     softmax (per block, as a warp does) into (max, sum, acc) partials,
+ *     then the combine and the rotation back. The splits follow
+ *     cuda_kv_set_split() or the same occupancy rule. Scores and values
+ *     are kv_kernel.h's, so the output equals the CPU store's to float
+ *     rounding; summation order differs from the GPU's.
+ *
+ * Device memory is host memory behind a header, in a list of live
+ * allocations. TKV_CUDA_EMUL_MEM_LIMIT=<bytes> caps what may be allocated
+ * at once (read at each allocation), so the -ENOMEM paths can be tested.
+ * A pointer handed over as device memory (uploads, downloads, append and
+ * attend inputs) must lie inside a live allocation, or the process
+ * aborts with a message: a GPU would fault or fail there. Device memory
+ * still allocated at exit is reported and the exit status made 1.
+ *
+ * Everything runs synchronously on the calling thread; cuda_sync() has
+ * nothing to wait for. Not thread-safe (the tests are single-threaded).
+ */
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdalign.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cuda/kv_cuda_internal.h"
+
+#define EMUL_SMS 16  /* multiprocessors the emulated device reports */
+#define WARPS 4      /* kv_cuda.cu's warps per split block: the minimum blocks per split */
+
+static_assert(CUDA_KV_MAX_G == 8, "emul_split scores with kvk_tq_score_heads_8");
+
+static void set_msg(char *msg, size_t size, const char *fmt, ...) _printf_(3, 4);
+static void set_msg(char *msg, size_t size, const char *fmt, ...)
+{
+	if (!msg || !size)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, size, fmt, ap);
+	va_end(ap);
+}
+
+/* ---- device memory ---- */
+
+/* One allocation: this header, then size bytes of "device" memory. */
+typedef struct DevAlloc {
+	alignas(max_align_t) struct DevAlloc *prev;
+	struct DevAlloc *next;
+	size_t size;
+} DevAlloc;
+
+static_assert(sizeof(DevAlloc) % alignof(max_align_t) == 0, "payloads are max_align_t aligned");
+
+static DevAlloc *dev_list;
+static size_t dev_in_use; /* bytes of live allocations */
+static int dev_count;
+
+static void dev_report_leaks(void)
+{
+	if (!dev_count)
+		return;
+	fflush(NULL);
+	fprintf(stderr, "kv_cuda_emul: %zu bytes of device memory in %d allocation(s) never freed\n",
+		dev_in_use, dev_count);
+	_exit(1);
+}
+
+/* The TKV_CUDA_EMUL_MEM_LIMIT cap in bytes, SIZE_MAX without one. */
+static size_t dev_limit(void)
+{
+	const char *s = getenv("TKV_CUDA_EMUL_MEM_LIMIT");
+	if (!s || !*s)
+		return SIZE_MAX;
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || *end || s[0] == '-') {
+		fprintf(stderr, "kv_cuda_emul: TKV_CUDA_EMUL_MEM_LIMIT=%s is not a byte count\n", s);
+		abort();
+	}
+	return v > SIZE_MAX ? SIZE_MAX : (size_t)v;
+}
+
+/* Abort unless [p, p + bytes) lies inside one live allocation. */
+static void dev_check(const void *p, size_t bytes, const char *what)
+{
+	const uint8_t *u = p;
+	if (!bytes)
+		return;
+	for (const DevAlloc *a = dev_list; a; a = a->next) {
+		const uint8_t *base = (const uint8_t *)(a + 1);
+		if (u >= base && u <= base + a->size && bytes <= (size_t)(base + a->size - u))
+			return;
+	}
+	fprintf(stderr, "kv_cuda_emul: %s: %p .. +%zu bytes is not device memory\n", what, p, bytes);
+	abort();
+}
+
+int cuda_device_count(void)
+{
+	return 1;
+}
+
+int cuda_device_info(char *name, size_t name_size, int *ret_sms, double *ret_peak_gbs)
+{
+	if (name && name_size)
+		snprintf(name, name_size, "host emulation (kv_cuda_emul.c)");
+	if (ret_sms)
+		*ret_sms = EMUL_SMS;
+	if (ret_peak_gbs)
+		*ret_peak_gbs = 0.0; /* no device bandwidth to speak of */
+	return 0;
+}
+
+void *cuda_alloc(size_t bytes)
+{
+	static bool registered;
+	if (!bytes)
+		bytes = 1; /* as kv_cuda.cu: a distinct pointer */
+	size_t limit = dev_limit();
+	if (dev_in_use > limit || bytes > limit - dev_in_use || bytes > SIZE_MAX - sizeof(DevAlloc))
+		return NULL;
+	DevAlloc *a = malloc(sizeof(DevAlloc) + bytes);
+	if (!a)
+		return NULL;
+	if (!registered)
+		registered = atexit(dev_report_leaks) == 0;
+	*a = (DevAlloc){ .prev = NULL, .next = dev_list, .size = bytes };
+	if (dev_list)
+		dev_list->prev = a;
+	dev_list = a;
+	dev_in_use += bytes;
+	dev_count++;
+	return a + 1;
+}
+
+void cuda_free(void *p)
+{
+	if (!p)
+		return;
+	DevAlloc *a = dev_list;
+	while (a && (void *)(a + 1) != p)
+		a = a->next;
+	if (!a) {
+		fprintf(stderr, "kv_cuda_emul: cuda_free(%p): not an allocation\n", p);
+		abort();
+	}
+	if (a->prev)
+		a->prev->next = a->next;
+	else
+		dev_list = a->next;
+	if (a->next)
+		a->next->prev = a->prev;
+	dev_in_use -= a->size;
+	dev_count--;
+	free(a);
+}
+
+int cuda_upload(void *dst, const void *src, size_t bytes)
+{
+	dev_check(dst, bytes, "cuda_upload");
+	if (bytes)
+		memcpy(dst, src, bytes);
+	return 0;
+}
+
+int cuda_download(void *dst, const void *src, size_t bytes)
+{
+	dev_check(src, bytes, "cuda_download");
+	if (bytes)
+		memcpy(dst, src, bytes);
+	return 0;
+}
+
+int cuda_sync(char *msg, size_t msg_size)
+{
+	return 0;
+}
+
+/* fill_random_kernel's splitmix64 and Box-Muller, one value at a time. */
+int cuda_fill_random(float *dst, size_t n, uint64_t seed, float sigma)
+{
+	dev_check(dst, n * sizeof(float), "cuda_fill_random");
+	for (size_t i = 0; i < n; i++) {
+		uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+		uint64_t r[2];
+		for (int k = 0; k < 2; k++) {
+			z += 0x9e3779b97f4a7c15ull;
+			uint64_t x = z;
+			x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+			x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+			r[k] = x ^ (x >> 31);
+		}
+		float u1 = ((float)(r[0] >> 40) + 1.0f) * (1.0f / 16777216.0f);
+		float u2 = (float)(r[1] >> 40) * (1.0f / 16777216.0f);
+		dst[i] = sigma * sqrtf(-2.0f * logf(u1)) * (float)cos(M_PI * 2.0 * u2);
+	}
+	return 0;
+}
+
+/* ---- the layer: kv_cuda.cu's cuda_kv_new() and friends, on emulated memory ---- */
+
+static uint32_t side_row_bytes(const CudaKvSide *s, int dim)
+{
+	return s->format == KVK_TQ ? s->tq[0].code_bytes : kvk_plain_row_bytes(s->format, dim);
+}
+
+static int side_check(const CudaKvSide *s, const CudaKvShape *sh, const char *what, char *msg,
+		      size_t msg_size)
+{
+	if (s->format < KVK_F32 || s->format > KVK_TQ) {
+		set_msg(msg, msg_size, "%s: unknown format %d", what, s->format);
+		return -EINVAL;
+	}
+	if (s->format != KVK_TQ) {
+		if (s->hadamard && (sh->dim & (sh->dim - 1))) {
+			set_msg(msg, msg_size, "%s: +h needs a power-of-two head_dim, not %d", what,
+				sh->dim);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	if (!s->tq) {
+		set_msg(msg, msg_size, "%s: TQ side without codecs", what);
+		return -EINVAL;
+	}
+	for (int h = 0; h < sh->n_kv_heads; h++)
+		if (s->tq[h].dim != sh->dim || s->tq[h].code_bytes != s->tq[0].code_bytes ||
+		    s->tq[h].qjl_m != s->tq[0].qjl_m) {
+			set_msg(msg, msg_size, "%s: the codec of kv-head %d does not fit the shape",
+				what, h);
+			return -EINVAL;
+		}
+	return 0;
+}
+
+CudaKv *cuda_kv_free(CudaKv *kv)
+{
+	if (kv) {
+		cuda_free(kv->p.base);
+		cuda_free(kv->d_codecs);
+		cuda_free(kv->d_blobs);
+		cuda_free(kv->scratch);
+		free(kv);
+	}
+	return NULL;
+}
+
+/* The codecs in device memory: (2, n_kv_heads) K then V, blobs packed at 16-byte offsets. */
+static int codecs_upload(CudaKv *kv, const CudaKvSide *k, const CudaKvSide *v)
+{
+	int nk = kv->shape.n_kv_heads;
+	size_t blob_total = 0;
+	for (int s = 0; s < 2; s++) {
+		const CudaKvSide *side = s ? v : k;
+		for (int h = 0; side->format == KVK_TQ && h < nk; h++)
+			blob_total += (side->tq[h].blob_bytes + 15) & ~(size_t)15;
+	}
+	_cleanup_(freep) KvkCodec *host = calloc(2 * (size_t)nk, sizeof(KvkCodec));
+	if (!host || !(kv->d_codecs = cuda_alloc(2 * nk * sizeof(KvkCodec))) ||
+	    !(kv->d_blobs = cuda_alloc(blob_total ? blob_total : 16)))
+		return -ENOMEM;
+	size_t off = 0;
+	for (int s = 0; s < 2; s++) {
+		const CudaKvSide *side = s ? v : k;
+		for (int h = 0; side->format == KVK_TQ && h < nk; h++) {
+			KvkCodec *c = &host[s * nk + h];
+			*c = side->tq[h];
+			cuda_upload(kv->d_blobs + off, c->blob, c->blob_bytes);
+			c->blob = kv->d_blobs + off;
+			off += (c->blob_bytes + 15) & ~(size_t)15;
+		}
+	}
+	cuda_upload(kv->d_codecs, host, 2 * nk * sizeof(KvkCodec));
+	kv->p.kc = kv->d_codecs;
+	kv->p.vc = kv->d_codecs + nk;
+	return 0;
+}
+
+int cuda_kv_new(const CudaKvShape *sh, const CudaKvSide *k, const CudaKvSide *v, CudaKv **ret,
+		char *msg, size_t msg_size)
+{
+	if (sh->n_seqs < 1 || sh->n_seqs > CUDA_KV_MAX_SEQS || sh->n_kv_heads < 1 ||
+	    sh->n_heads < sh->n_kv_heads || sh->n_heads % sh->n_kv_heads ||
+	    sh->n_heads / sh->n_kv_heads > CUDA_KV_MAX_G || sh->dim < 32 || sh->dim % 32 ||
+	    sh->dim > KVK_MAX_DIM || sh->capacity < 1) {
+		set_msg(msg, msg_size,
+			"GPU KV cache: unsupported shape (%d heads, %d kv-heads, head_dim %d, %d "
+			"sequences, capacity %lld): head_dim must be a multiple of 32 up to %d, at most "
+			"%d query heads per kv-head, 1 to %d sequences", sh->n_heads, sh->n_kv_heads,
+			sh->dim, sh->n_seqs, (long long)sh->capacity, KVK_MAX_DIM, CUDA_KV_MAX_G,
+			CUDA_KV_MAX_SEQS);
+		return -EINVAL;
+	}
+	int r = side_check(k, sh, "keys", msg, msg_size);
+	if (r < 0 || (r = side_check(v, sh, "values", msg, msg_size)) < 0)
+		return r;
+
+	CudaKv *kv = calloc(1, sizeof(*kv));
+	if (!kv)
+		return -ENOMEM;
+	kv->shape = *sh;
+	KvcParams *p = &kv->p;
+	p->n_heads = sh->n_heads;
+	p->n_kv_heads = sh->n_kv_heads;
+	p->dim = sh->dim;
+	p->group = sh->n_heads / sh->n_kv_heads;
+	p->capacity_blocks = (sh->capacity + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	p->kb = side_row_bytes(k, sh->dim);
+	p->vb = side_row_bytes(v, sh->dim);
+	p->block_bytes = CUDA_KV_BLOCK * (p->kb + p->vb);
+	p->kfmt = k->format;
+	p->vfmt = v->format;
+	p->khad = k->hadamard;
+	p->vhad = v->hadamard;
+	p->qjl_m = k->format == KVK_TQ && (k->tq[0].flags & KVK_FLAG_QJL) ? k->tq[0].qjl_m : 0;
+	kv->n_sms = EMUL_SMS;
+
+	size_t blocks = (size_t)sh->n_seqs * sh->n_kv_heads * (size_t)p->capacity_blocks;
+	size_t bytes = blocks * p->block_bytes;
+	if (!(p->base = cuda_alloc(bytes))) {
+		set_msg(msg, msg_size, "GPU KV cache: out of device memory for %zu MiB of blocks",
+			bytes >> 20);
+		cuda_kv_free(kv);
+		return -ENOMEM;
+	}
+	memset(p->base, 0, bytes);
+	if ((r = codecs_upload(kv, k, v))) {
+		cuda_kv_free(kv);
+		return r;
+	}
+	*ret = kv;
+	return 0;
+}
+
+uint32_t cuda_kv_row_bytes(const CudaKv *kv, bool values)
+{
+	return values ? kv->p.vb : kv->p.kb;
+}
+
+size_t cuda_kv_block_bytes(const CudaKv *kv)
+{
+	return kv->p.block_bytes;
+}
+
+size_t cuda_kv_bytes(const CudaKv *kv)
+{
+	return (size_t)kv->shape.n_seqs * kv->shape.n_kv_heads * (size_t)kv->p.capacity_blocks *
+	       kv->p.block_bytes;
+}
+
+void cuda_kv_set_split(CudaKv *kv, int blocks_per_split)
+{
+	kv->split_blocks = blocks_per_split > 0 ? blocks_per_split : 0;
+}
+
+static uint8_t *block_ptr(const CudaKv *kv, int seq, int head, int64_t b)
+{
+	return kv->p.base + (((int64_t)seq * kv->p.n_kv_heads + head) * kv->p.capacity_blocks + b) *
+				    kv->p.block_bytes;
+}
+
+static bool block_ok(const CudaKv *kv, int seq, int head, int64_t b, size_t len)
+{
+	return seq >= 0 && seq < kv->shape.n_seqs && head >= 0 && head < kv->p.n_kv_heads && b >= 0 &&
+	       b < kv->p.capacity_blocks && len == kv->p.block_bytes;
+}
+
+int cuda_kv_block_read(const CudaKv *kv, int seq, int head, int64_t b, void *host, size_t len)
+{
+	if (!block_ok(kv, seq, head, b, len))
+		return -EINVAL;
+	return cuda_download(host, block_ptr(kv, seq, head, b), len);
+}
+
+int cuda_kv_block_write(CudaKv *kv, int seq, int head, int64_t b, const void *host, size_t len)
+{
+	if (!block_ok(kv, seq, head, b, len))
+		return -EINVAL;
+	return cuda_upload(block_ptr(kv, seq, head, b), host, len);
+}
+
+int cuda_kv_copy_seq(CudaKv *kv, int dst, int src)
+{
+	if (dst < 0 || src < 0 || dst >= kv->shape.n_seqs || src >= kv->shape.n_seqs)
+		return -EINVAL;
+	size_t bytes = (size_t)kv->p.n_kv_heads * kv->p.capacity_blocks * kv->p.block_bytes;
+	memmove(block_ptr(kv, dst, 0, 0), block_ptr(kv, src, 0, 0), bytes);
+	return 0;
+}
+
+/* ---- append: kvc_append_kernel, one (token, kv-head, K or V) at a time ---- */
+
+int kvc_launch_append(const KvcParams *p, int seq, int64_t pos0, int64_t n_tok, const float *k,
+		      const float *v)
+{
+	int64_t n = n_tok * p->n_kv_heads * 2;
+	if (n <= 0)
+		return 0;
+	size_t in_bytes = (size_t)n_tok * p->n_kv_heads * p->dim * sizeof(float);
+	dev_check(k, in_bytes, "cuda_kv_append keys");
+	dev_check(v, in_bytes, "cuda_kv_append values");
+	for (int64_t idx = 0; idx < n; idx++) {
+		int role = (int)(idx & 1); /* 0 keys, 1 values */
+		int head = (int)(idx / 2 % p->n_kv_heads);
+		int64_t t = idx / 2 / p->n_kv_heads;
+		int64_t pos = pos0 + t;
+		const float *x = (role ? v : k) + (t * p->n_kv_heads + head) * p->dim;
+		uint8_t *block = p->base + (((int64_t)seq * p->n_kv_heads + head) * p->capacity_blocks +
+					    pos / CUDA_KV_BLOCK) * p->block_bytes;
+		int j = (int)(pos % CUDA_KV_BLOCK);
+		uint8_t *row = role ? block + CUDA_KV_BLOCK * p->kb + (size_t)j * p->vb
+				    : block + (size_t)j * p->kb;
+		int fmt = role ? p->vfmt : p->kfmt;
+		if (fmt == KVK_TQ)
+			kvk_tq_encode(&(role ? p->vc : p->kc)[head], x, row);
+		else
+			kvk_plain_store(fmt, role ? p->vhad : p->khad, p->dim, x, row);
+	}
+	return 0;
+}
+
+int cuda_kv_append(CudaKv *kv, int seq, int64_t pos0, int64_t n_tok, const float *k,
+		   const float *v)
+{
+	if (seq < 0 || seq >= kv->shape.n_seqs || pos0 < 0 || n_tok < 0 ||
+	    pos0 + n_tok > kv->shape.capacity)
+		return -EINVAL;
+	return kvc_launch_append(&kv->p, seq, pos0, n_tok, k, v);
+}
+
+/* ---- attention: kv_cuda.cu's prepare, split and combine, one work item at a time ---- */
+
+/* Positions of one attend call: row (s, t) attends to 0 .. pos0[s] + t. */
+typedef struct EmulRows {
+	const int64_t *pos0;
+	int64_t n_tok;
+} EmulRows;
+
+static int64_t row_ctx(const EmulRows *r, int64_t row)
+{
+	return r->pos0[row / r->n_tok] + row % r->n_tok + 1;
+}
+
+/* 1. qp (rows, n_heads, dim), sq (rows, n_heads, qjl_m): queries in the keys' stored domain / sqrt(dim). */
+static void emul_prepare(const KvcParams *p, int64_t n_rows, const float *q, float *qp, float *sq)
+{
+	const float scale = 1.0f / sqrtf((float)p->dim);
+	for (int64_t idx = 0; idx < n_rows * p->n_heads; idx++) {
+		int head = (int)(idx % p->n_heads);
+		const float *qi = q + idx * p->dim;
+		float *qo = qp + idx * p->dim;
+		float *so = sq + idx * (p->qjl_m ? p->qjl_m : 1);
+		if (p->kfmt == KVK_TQ) {
+			kvk_tq_query_prepare(&p->kc[head / p->group], qi, qo, so);
+			for (int i = 0; i < p->qjl_m; i++)
+				so[i] *= scale;
+		} else {
+			memcpy(qo, qi, (size_t)p->dim * sizeof(float));
+			if (p->khad)
+				kvk_hadamard(qo, p->dim);
+		}
+		for (int i = 0; i < p->dim; i++)
+			qo[i] *= scale;
+	}
+}
+
+static float value_at(const KvcParams *p, const KvkCodec *vc, const uint8_t *row, int i)
+{
+	return p->vfmt == KVK_TQ ? kvk_tq_value(vc, row, i) : kvk_plain_value(p->vfmt, row, i);
+}
+
+/*
+ * 2. One (split, kv-head, row): an online softmax over the split's
+ * blocks, rescaled once per block as a warp does, into the partials of
+ * the G query heads: part (rows, n_heads, n_splits, dim + 2) = (max, sum, acc).
+ */
+static void emul_split(const KvcParams *p, const EmulRows *rows, int bps, int n_splits, int split,
+		       int kvh, int64_t row, const float *qp, const float *sq, float *part)
+{
+	const int G = p->group, dim = p->dim, m = p->qjl_m, stride = dim + 2;
+	const KvkCodec *kc = &p->kc[kvh], *vc = &p->vc[kvh];
+	const float *qs = qp + (row * p->n_heads + kvh * G) * dim;        /* (G, dim) */
+	const float *sqs = sq + (row * p->n_heads + kvh * G) * (m ? m : 1); /* (G, m) */
+	const float *cbh = NULL, *cbl = NULL;
+	if (p->kfmt == KVK_TQ) {
+		cbh = kc->cb_hi >= 0 ? kvk_floats(kc, kc->cb_hi) : NULL;
+		cbl = kc->cb_lo >= 0 ? kvk_floats(kc, kc->cb_lo) : NULL;
+	}
+
+	const int64_t ctx = row_ctx(rows, row);
+	const int64_t n_blk = (ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int64_t b0 = (int64_t)split * bps, b1 = MIN(b0 + bps, n_blk);
+	const int seq = (int)(row / rows->n_tok);
+	const uint8_t *head_base =
+		p->base + ((int64_t)seq * p->n_kv_heads + kvh) * p->capacity_blocks * p->block_bytes;
+
+	float mx[CUDA_KV_MAX_G], l[CUDA_KV_MAX_G], acc[CUDA_KV_MAX_G][KVK_MAX_DIM];
+	for (int g = 0; g < G; g++) {
+		mx[g] = -INFINITY;
+		l[g] = 0.0f;
+		memset(acc[g], 0, (size_t)dim * sizeof(float));
+	}
+	for (int64_t b = b0; b < b1; b++) {
+		const uint8_t *blk = head_base + b * p->block_bytes;
+		const int n_valid = (int)MIN((int64_t)CUDA_KV_BLOCK, ctx - b * CUDA_KV_BLOCK);
+		float s[CUDA_KV_BLOCK][CUDA_KV_MAX_G];
+		for (int j = 0; j < n_valid; j++) {
+			const uint8_t *key = blk + (size_t)j * p->kb;
+			if (p->kfmt == KVK_TQ)
+				kvk_tq_score_heads_8(kc, cbh, cbl, qs, sqs, G, key, s[j]);
+			else
+				for (int g = 0; g < G; g++)
+					s[j][g] = kvk_plain_score(p->kfmt, dim, qs + g * dim, key);
+		}
+		const uint8_t *vrows = blk + CUDA_KV_BLOCK * (size_t)p->kb;
+		for (int g = 0; g < G; g++) {
+			float bm = -INFINITY, sum = 0.0f;
+			for (int j = 0; j < n_valid; j++)
+				bm = fmaxf(bm, s[j][g]);
+			float nm = fmaxf(mx[g], bm);
+			for (int j = 0; j < n_valid; j++) {
+				s[j][g] = expf(s[j][g] - nm);
+				sum += s[j][g];
+			}
+			float corr = mx[g] == -INFINITY ? 0.0f : expf(mx[g] - nm);
+			l[g] = l[g] * corr + sum;
+			mx[g] = nm;
+			for (int i = 0; i < dim; i++)
+				acc[g][i] *= corr;
+			for (int j = 0; j < n_valid; j++) {
+				const uint8_t *vr = vrows + (size_t)j * p->vb;
+				for (int i = 0; i < dim; i++)
+					acc[g][i] += s[j][g] * value_at(p, vc, vr, i);
+			}
+		}
+	}
+	for (int g = 0; g < G; g++) {
+		float *dst = part + ((row * p->n_heads + kvh * G + g) * n_splits + split) * stride;
+		dst[0] = mx[g];
+		dst[1] = l[g];
+		memcpy(dst + 2, acc[g], (size_t)dim * sizeof(float));
+	}
+}
+
+/* 3. One (row, head): the splits merged, normalised and rotated back into out. */
+static void emul_combine(const KvcParams *p, const EmulRows *rows, int bps, int n_splits,
+			 int64_t rh, const float *part, float *out)
+{
+	const int head = (int)(rh % p->n_heads), dim = p->dim, stride = dim + 2;
+	const int64_t row = rh / p->n_heads;
+	const int64_t n_blk = (row_ctx(rows, row) + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int used = (int)MIN((int64_t)n_splits, (n_blk + bps - 1) / bps);
+	const float *src = part + rh * n_splits * stride;
+	float a[KVK_MAX_DIM];
+
+	float M = -INFINITY;
+	for (int s = 0; s < used; s++)
+		M = fmaxf(M, src[s * stride]);
+	for (int i = 0; i < dim; i++) {
+		float L = 0.0f, A = 0.0f;
+		for (int s = 0; s < used; s++) {
+			const float *ps = src + s * stride;
+			if (ps[0] == -INFINITY)
+				continue;
+			float e = expf(ps[0] - M);
+			L += ps[1] * e;
+			A += ps[2 + i] * e;
+		}
+		a[i] = L > 0.0f ? A / L : 0.0f;
+	}
+	float *o = out + rh * dim;
+	if (p->vfmt == KVK_TQ) {
+		kvk_tq_output_finish(&p->vc[head / p->group], a, o);
+	} else {
+		memcpy(o, a, (size_t)dim * sizeof(float));
+		if (p->vhad)
+			kvk_hadamard(o, dim);
+	}
+}
+
+int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, const float *q,
+		   float *out)
+{
+	const KvcParams *p = &kv->p;
+	if (n_seqs < 1 || n_seqs > kv->shape.n_seqs || n_tok < 1)
+		return -EINVAL;
+	int64_t max_ctx = 0;
+	for (int s = 0; s < n_seqs; s++) {
+		if (pos0[s] < 0 || pos0[s] + n_tok > kv->shape.capacity)
+			return -EINVAL;
+		max_ctx = MAX(max_ctx, pos0[s] + n_tok);
+	}
+	const int64_t n_rows = (int64_t)n_seqs * n_tok;
+	const int64_t max_blocks = (max_ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const size_t io_bytes = (size_t)n_rows * p->n_heads * p->dim * sizeof(float);
+	dev_check(q, io_bytes, "cuda_kv_attend queries");
+	dev_check(out, io_bytes, "cuda_kv_attend output");
+
+	/* splits: kv_cuda.cu's rule, EMUL_SMS multiprocessors */
+	int bps = kv->split_blocks;
+	if (!bps) {
+		int64_t items = n_rows * p->n_kv_heads;
+		int64_t want = MAX((4 * (int64_t)kv->n_sms + items - 1) / items, 1);
+		bps = (int)MAX((max_blocks + want - 1) / want, WARPS);
+	}
+	const int n_splits = (int)((max_blocks + bps - 1) / bps);
+
+	/* scratch: prepared queries, sketches, partials; grown, kept until cuda_kv_free() */
+	const int m1 = p->qjl_m ? p->qjl_m : 1;
+	size_t n_qp = (size_t)n_rows * p->n_heads * p->dim, n_sq = (size_t)n_rows * p->n_heads * m1;
+	size_t n_part = (size_t)n_rows * p->n_heads * n_splits * (p->dim + 2);
+	size_t need = (n_qp + n_sq + n_part) * sizeof(float);
+	if (need > kv->scratch_bytes) {
+		cuda_free(kv->scratch);
+		kv->scratch_bytes = 0;
+		if (!(kv->scratch = cuda_alloc(need)))
+			return -ENOMEM;
+		kv->scratch_bytes = need;
+	}
+	float *qp = kv->scratch, *sq = qp + n_qp, *part = sq + n_sq;
+
+	EmulRows rows = { .pos0 = pos0, .n_tok = n_tok };
+	emul_prepare(p, n_rows, q, qp, sq);
+	for (int64_t row = 0; row < n_rows; row++)
+		for (int kvh = 0; kvh < p->n_kv_heads; kvh++)
+			for (int split = 0; split < n_splits; split++)
+				emul_split(p, &rows, bps, n_splits, split, kvh, row, qp, sq, part);
+	for (int64_t rh = 0; rh < n_rows * p->n_heads; rh++)
+		emul_combine(p, &rows, bps, n_splits, rh, part, out);
+	return 0;
+}
