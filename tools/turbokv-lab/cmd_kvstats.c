@@ -321,6 +321,11 @@ int cmd_kvstats(int argc, char **argv)
 		rc = LAB_EXIT_USAGE;
 		goto out;
 	}
+	if (o.common.device != DEVICE_CPU) {
+		/* it hands captured rows in host memory to the caches it measures */
+		fprintf(stderr, "turbokv-lab kvstats: runs on the CPU only (--device cpu)\n");
+		return LAB_EXIT_USAGE;
+	}
 	if (lab_load(&o.common, &m, &tok) < 0 || !(text = lab_read_file(o.text_path, &len)))
 		goto out;
 	if (tokenizer_encode(tok, text, len, false, &ids, &n_ids) != 0)
