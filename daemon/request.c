@@ -515,14 +515,19 @@ int request_activate(Request *r, Manager *m)
 	assert(r->state == REQUEST_QUEUED);
 	if (r->session)
 		cap = m->n_ctx; /* the session goes on after this request */
+	Error err = { 0 };
 	if (r->session && request_session_reuse(r))
 		k = 0;
 	else
 		/* A fixed codec seed: the same question gets the same greedy answer
 		 * (and turbokv-lab's, which uses seed 0 too); sessions record it. */
-		k = model_kvcache_new(m->model, m->kv_plan, MANAGER_KV_SEED, cap, &r->kv, NULL);
-	if (k != 0)
+		k = model_kvcache_new(m->model, m->kv_plan, MANAGER_KV_SEED, cap, &r->kv, &err);
+	if (k != 0) {
+		/* on a GPU: how much device memory was asked for */
+		log_error("request %llu: KV cache of %lld tokens on %s: %s", (unsigned long long)r->id,
+			  (long long)cap, m->device_name, err.msg[0] ? err.msg : strerror(k < 0 ? -k : EINVAL));
 		return k;
+	}
 	if ((k = sampler_new(&r->sampling, m->model->cfg.n_vocab, &r->sampler)) != 0)
 		return k;
 	if (!(r->logits = malloc_array((size_t)m->model->cfg.n_vocab, sizeof(float))))
