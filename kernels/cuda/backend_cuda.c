@@ -40,19 +40,18 @@
 #define GEMM_W_TILE_BYTES ((size_t)128 << 20)
 #define SCRATCH_ALIGN 256
 
-/* A weight's device copy, by the host bytes it came from (tied embeddings upload once). */
-typedef struct WeightCopy {
-	const void *host;
-	void *dev;
-	size_t bytes;
-} WeightCopy;
-
 typedef struct CudaBackend {
 	Backend base;
 	cublasHandle_t blas;
 	void **bufs;           /* (n_bufs,) every device allocation handed out: weights, vectors, alloc() */
 	size_t n_bufs, cap_bufs;
-	WeightCopy *weights;   /* (n_weights,) */
+	/*
+	 * (n_weights,) device copies of uploaded weights, so that one handed in
+	 * again is left as it is. Not looked up by host address: the host
+	 * memory of a freed model (or test buffer) is reused by the next one.
+	 * Tied embeddings are one upload because model.c uploads them once.
+	 */
+	void **weights;
 	size_t n_weights, cap_weights;
 	void *scratch;         /* prefill: X then a row tile of W, as halves */
 	size_t scratch_bytes;
@@ -122,7 +121,7 @@ static int buf_new(CudaBackend *cb, size_t bytes, void **ret)
 static void buf_free(CudaBackend *cb, void *p)
 {
 	for (size_t i = 0; i < cb->n_weights; i++)
-		if (cb->weights[i].dev == p) {
+		if (cb->weights[i] == p) {
 			cb->weights[i] = cb->weights[--cb->n_weights];
 			break;
 		}
@@ -235,18 +234,12 @@ static int cuda_upload_weight(Backend *b, MatmulWeight *w)
 	int r = weight_bytes(cb, w, &bytes);
 	if (r)
 		return r;
-	for (size_t i = 0; i < cb->n_weights; i++) {
-		const WeightCopy *c = &cb->weights[i];
-		if (w->data == c->dev)
+	for (size_t i = 0; i < cb->n_weights; i++)
+		if (w->data == cb->weights[i])
 			return 0; /* uploaded already (a copy of an uploaded MatmulWeight) */
-		if (w->data == c->host && bytes <= c->bytes) {
-			w->data = c->dev; /* the same tensor again: tied embeddings */
-			return 0;
-		}
-	}
 	if (cb->n_weights == cb->cap_weights) {
 		size_t cap = cb->cap_weights ? 2 * cb->cap_weights : 64;
-		WeightCopy *weights = realloc(cb->weights, cap * sizeof(*weights));
+		void **weights = realloc(cb->weights, cap * sizeof(*weights));
 		if (!weights)
 			return -ENOMEM;
 		cb->weights = weights;
@@ -260,7 +253,7 @@ static int cuda_upload_weight(Backend *b, MatmulWeight *w)
 		buf_free(cb, dev);
 		return cuda_fail(cb, e, "weight upload");
 	}
-	cb->weights[cb->n_weights++] = (WeightCopy){ .host = w->data, .dev = dev, .bytes = bytes };
+	cb->weights[cb->n_weights++] = dev;
 	w->data = dev;
 	return 0;
 }

@@ -17,7 +17,11 @@
  *   the rest rope_angles equal to the CPU's (computed by it), rope (both
  *            styles, n_rot < head_dim), rmsnorm (in place too), add_bias,
  *            swiglu and add against the CPU backend, 1e-5 relative.
- *   memory   tied weights uploaded once, dealloc, free with buffers live.
+ *   memory   an uploaded weight handed in again stays as it is; new host
+ *            bytes at an address uploaded before get their own copy (a
+ *            freed model's memory is reused by the next); an allocation
+ *            larger than the device fails with -ENOMEM and the backend
+ *            goes on; dealloc; free with buffers live.
  *
  * Exits 77 without a GPU (printing why backend_cuda_new() refused), 1 if
  * a check fails. Plain C without Check, like the other tests/gpu programs.
@@ -434,21 +438,42 @@ static void test_small_ops(Backend *g)
 	free(out);
 }
 
-/* Tied embeddings: the same host tensor uploaded twice shares one device copy. */
-static void test_tied(Backend *g)
+/*
+ * Uploads. An address says nothing about contents: host memory is freed
+ * and reused (the next model's mapping, the next test buffer), so new
+ * bytes at an address uploaded before must reach the device. Tied
+ * embeddings are one upload because model.c uploads them once.
+ */
+static void test_uploads(Backend *g)
 {
 	const int64_t rows = 64, cols = 256;
-	size_t stride = wtype_row_bytes(WTYPE_Q8_0, cols);
-	uint8_t *w = random_weight(WTYPE_Q8_0, rows, cols, stride);
+	size_t stride = wtype_row_bytes(WTYPE_Q8_0, cols), bytes = (size_t)rows * stride;
+	uint8_t *w = random_weight(WTYPE_Q8_0, rows, cols, stride), *back = xmalloc(bytes);
 	MatmulWeight a = { .data = w, .type = WTYPE_Q8_0, .rows = rows, .cols = cols, .row_stride = stride };
-	MatmulWeight b = a;
-	check(g->ops->upload_weight(g, &a) == 0 && g->ops->upload_weight(g, &b) == 0, "tied upload");
-	check(a.data == b.data && a.data != w, "tied weights: one device copy");
+	check(g->ops->upload_weight(g, &a) == 0 && a.data != w, "upload");
 	MatmulWeight c = a;
 	check(g->ops->upload_weight(g, &c) == 0 && c.data == a.data, "upload of an uploaded weight");
+
+	uint8_t *w2 = random_weight(WTYPE_Q8_0, rows, cols, stride);
+	memcpy(w, w2, bytes); /* other contents at the same address */
+	MatmulWeight b = { .data = w, .type = WTYPE_Q8_0, .rows = rows, .cols = cols, .row_stride = stride };
+	check(g->ops->upload_weight(g, &b) == 0 && b.data != w, "upload at a reused address");
+	to_host(g, back, b.data, bytes);
+	check(!memcmp(back, w2, bytes), "upload at a reused address: the device holds the old contents");
+
 	MatmulWeight bad = { .data = w, .type = WTYPE_Q8_K, .rows = rows, .cols = cols, .row_stride = stride };
 	check(g->ops->upload_weight(g, &bad) == -EINVAL, "Q8_K weight refused");
+
+	/* more than any device has: -ENOMEM, a message, and the next ops unaffected */
+	void *huge = NULL, *small = NULL;
+	int r = g->ops->alloc(g, (size_t)1 << 52, &huge);
+	check(r == -ENOMEM && strstr(backend_last_error(g), "allocate"), "4 PiB allocation: %d (%s)", r,
+	      backend_last_error(g));
+	check(g->ops->alloc(g, 4096, &small) == 0, "allocation after a failed one");
+	g->ops->dealloc(g, small);
 	free(w);
+	free(w2);
+	free(back);
 }
 
 int main(void)
@@ -461,7 +486,7 @@ int main(void)
 		return 77;
 	}
 	check(strcmp(backend_name(g), "cuda") == 0 && !backend_is_host(g), "backend name");
-	test_tied(g);
+	test_uploads(g);
 	test_small_ops(g);
 	test_embed(g);
 	test_matmul(g);

@@ -21,7 +21,8 @@
  * (model_logits_diff, the same test the daemon runs at start-up).
  *
  * Usage: test-gpu-model MODEL.gguf...; exits 77 without a GPU, 1 if a
- * check fails. Plain C without Check, like the other tests/gpu programs.
+ * check fails. TKV_GPU_MODEL_KV=SPEC,SPEC... checks those KV types instead
+ * of kv_specs. Plain C without Check, like the other tests/gpu programs.
  */
 #include <math.h>
 #include <stdio.h>
@@ -39,13 +40,43 @@
 #define N_DECODE 12
 
 static const char *const kv_specs[] = { "f32", "tq5_nc:tq3.5_nc", "tq4", "q8_0" };
+#define MAX_SPECS 16
 
-/* Fold a row's diff into the worst seen; returns 1 on a failure (printed). Limits: model.h. */
+/* The KV specs to check: TKV_GPU_MODEL_KV's comma-separated list (in buf), else kv_specs. Returns how many. */
+static int specs_wanted(const char **specs, char *buf, size_t size)
+{
+	const char *env = getenv("TKV_GPU_MODEL_KV");
+	int n = 0;
+	if (!env || !*env) {
+		for (; n < (int)(sizeof(kv_specs) / sizeof(kv_specs[0])); n++)
+			specs[n] = kv_specs[n];
+		return n;
+	}
+	snprintf(buf, size, "%s", env);
+	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < MAX_SPECS; t = strtok_r(NULL, ",", &save))
+		specs[n++] = t;
+	return n;
+}
+
+/*
+ * How far the GPU may be from the CPU, as a multiple of model.h's limits.
+ * With f32 or 8-bit caches the backends differ only by activation
+ * rounding; a coarser cache rounds those slightly different K and V rows
+ * into different cells, which doubles the distance (measured on the host
+ * emulation: up to 0.094 max and 0.018 mean rel for 3- to 4-bit caches,
+ * tq and plain q4_0 alike, against 0.023 and 0.006 for f32 and q8_0).
+ */
+static double slack = 1.0;
+
+/* Fold a row's diff into the worst seen; returns 1 on a failure (printed). Limits: model.h times slack. */
 static int row_verdict(const char *what, int row, const LogitsDiff *d, LogitsDiff *worst)
 {
 	worst->max_rel = fmax(worst->max_rel, d->max_rel);
 	worst->mean_rel = fmax(worst->mean_rel, d->mean_rel);
-	if (model_logits_agree(d))
+	LogitsDiff scaled = *d;
+	scaled.max_rel /= slack;
+	scaled.mean_rel /= slack;
+	if (model_logits_agree(&scaled))
 		return 0;
 	printf("    FAIL %s row %d: max rel %.4f, mean rel %.5f, top-1 gpu %d cpu %d (margin %.3f)\n", what, row,
 	       d->max_rel, d->mean_rel, d->top_got, d->top_ref, d->margin);
@@ -107,6 +138,7 @@ static int check_spec(Pair *p, const char *path, const char *spec)
 		printf("  %s: %s\n", spec, err.msg);
 		return 1;
 	}
+	slack = !plan || kvplan_bits_per_value(plan) >= 8.0 ? 1.0 : 2.0;
 	KvCache *kc = NULL, *kg = NULL;
 	if (model_kvcache_new(p->cpu, plan, 0, cap, &kc, &err) || model_kvcache_new(p->gpu, plan, 0, cap, &kg, &err)) {
 		printf("  %s: cannot make the caches: %s\n", spec, err.msg);
@@ -226,6 +258,9 @@ int main(int argc, char **argv)
 		return 1;
 
 	int failures = 0, runs = 0;
+	const char *specs[MAX_SPECS];
+	char spec_buf[512];
+	int n_specs = specs_wanted(specs, spec_buf, sizeof(spec_buf));
 	for (int a = 1; a < argc; a++) {
 		Pair p = { .tp = tp };
 		if (model_load(argv[a], &p.cpu, &err) != 0 || model_load_on(argv[a], gpu, &p.gpu, &err) != 0) {
@@ -243,8 +278,8 @@ int main(int argc, char **argv)
 			printf("  cannot allocate activations\n");
 			failures++;
 		} else {
-			for (size_t i = 0; i < sizeof(kv_specs) / sizeof(kv_specs[0]); i++, runs++)
-				failures += check_spec(&p, argv[a], kv_specs[i]);
+			for (int i = 0; i < n_specs; i++, runs++)
+				failures += check_spec(&p, argv[a], specs[i]);
 		}
 		model_run_free(p.run_cpu);
 		model_run_free(p.run_gpu);

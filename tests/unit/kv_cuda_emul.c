@@ -23,11 +23,13 @@
  *     are kv_kernel.h's, so the output equals the CPU store's to float
  *     rounding; summation order differs from the GPU's.
  *
- * Device memory is host memory behind a header, in a list of live
- * allocations. TKV_CUDA_EMUL_MEM_LIMIT=<bytes> caps what may be allocated
- * at once (read at each allocation), so the -ENOMEM paths can be tested.
- * A pointer handed over as device memory (uploads, downloads, append and
- * attend inputs) must lie inside a live allocation, or the process
+ * Device memory is devmem_emul.c's, shared with the emulated CUDA
+ * runtime (cuda_runtime_emul.c), as cudaMalloc() and cuda_alloc() share
+ * a GPU's: inaccessible to host code outside the emulated calls, and
+ * TKV_CUDA_EMUL_MEM_LIMIT=<bytes> caps it so that the -ENOMEM paths can
+ * be tested. A pointer handed over as device memory (uploads, downloads,
+ * append and attend inputs) must lie inside a live allocation, and one
+ * handed over as host memory outside device memory, or the process
  * aborts with a message: a GPU would fault or fail there. Device memory
  * still allocated at exit is reported and the exit status made 1.
  *
@@ -38,13 +40,12 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stdalign.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "devmem_emul.h"
 #include "kernels/cuda/kv_cuda_internal.h"
 
 #define EMUL_SMS 16  /* multiprocessors the emulated device reports */
@@ -63,62 +64,6 @@ static void set_msg(char *msg, size_t size, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* ---- device memory ---- */
-
-/* One allocation: this header, then size bytes of "device" memory. */
-typedef struct DevAlloc {
-	alignas(max_align_t) struct DevAlloc *prev;
-	struct DevAlloc *next;
-	size_t size;
-} DevAlloc;
-
-static_assert(sizeof(DevAlloc) % alignof(max_align_t) == 0, "payloads are max_align_t aligned");
-
-static DevAlloc *dev_list;
-static size_t dev_in_use; /* bytes of live allocations */
-static int dev_count;
-
-static void dev_report_leaks(void)
-{
-	if (!dev_count)
-		return;
-	fflush(NULL);
-	fprintf(stderr, "kv_cuda_emul: %zu bytes of device memory in %d allocation(s) never freed\n",
-		dev_in_use, dev_count);
-	_exit(1);
-}
-
-/* The TKV_CUDA_EMUL_MEM_LIMIT cap in bytes, SIZE_MAX without one. */
-static size_t dev_limit(void)
-{
-	const char *s = getenv("TKV_CUDA_EMUL_MEM_LIMIT");
-	if (!s || !*s)
-		return SIZE_MAX;
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || *end || s[0] == '-') {
-		fprintf(stderr, "kv_cuda_emul: TKV_CUDA_EMUL_MEM_LIMIT=%s is not a byte count\n", s);
-		abort();
-	}
-	return v > SIZE_MAX ? SIZE_MAX : (size_t)v;
-}
-
-/* Abort unless [p, p + bytes) lies inside one live allocation. */
-static void dev_check(const void *p, size_t bytes, const char *what)
-{
-	const uint8_t *u = p;
-	if (!bytes)
-		return;
-	for (const DevAlloc *a = dev_list; a; a = a->next) {
-		const uint8_t *base = (const uint8_t *)(a + 1);
-		if (u >= base && u <= base + a->size && bytes <= (size_t)(base + a->size - u))
-			return;
-	}
-	fprintf(stderr, "kv_cuda_emul: %s: %p .. +%zu bytes is not device memory\n", what, p, bytes);
-	abort();
-}
-
 int cuda_device_count(void)
 {
 	return 1;
@@ -135,63 +80,37 @@ int cuda_device_info(char *name, size_t name_size, int *ret_sms, double *ret_pea
 	return 0;
 }
 
+/* ---- device memory: devmem_emul.c's ---- */
+
 void *cuda_alloc(size_t bytes)
 {
-	static bool registered;
-	if (!bytes)
-		bytes = 1; /* as kv_cuda.cu: a distinct pointer */
-	size_t limit = dev_limit();
-	if (dev_in_use > limit || bytes > limit - dev_in_use || bytes > SIZE_MAX - sizeof(DevAlloc))
-		return NULL;
-	DevAlloc *a = malloc(sizeof(DevAlloc) + bytes);
-	if (!a)
-		return NULL;
-	if (!registered)
-		registered = atexit(dev_report_leaks) == 0;
-	*a = (DevAlloc){ .prev = NULL, .next = dev_list, .size = bytes };
-	if (dev_list)
-		dev_list->prev = a;
-	dev_list = a;
-	dev_in_use += bytes;
-	dev_count++;
-	return a + 1;
+	return devmem_alloc(bytes); /* bytes 0: a distinct pointer, as kv_cuda.cu */
 }
 
 void cuda_free(void *p)
 {
-	if (!p)
-		return;
-	DevAlloc *a = dev_list;
-	while (a && (void *)(a + 1) != p)
-		a = a->next;
-	if (!a) {
-		fprintf(stderr, "kv_cuda_emul: cuda_free(%p): not an allocation\n", p);
-		abort();
-	}
-	if (a->prev)
-		a->prev->next = a->next;
-	else
-		dev_list = a->next;
-	if (a->next)
-		a->next->prev = a->prev;
-	dev_in_use -= a->size;
-	dev_count--;
-	free(a);
+	devmem_free(p, "cuda_free");
 }
 
 int cuda_upload(void *dst, const void *src, size_t bytes)
 {
-	dev_check(dst, bytes, "cuda_upload");
+	devmem_check(dst, bytes, "cuda_upload");
+	devmem_check_host(src, bytes, "cuda_upload source");
+	devmem_open();
 	if (bytes)
 		memcpy(dst, src, bytes);
+	devmem_close();
 	return 0;
 }
 
 int cuda_download(void *dst, const void *src, size_t bytes)
 {
-	dev_check(src, bytes, "cuda_download");
+	devmem_check(src, bytes, "cuda_download");
+	devmem_check_host(dst, bytes, "cuda_download destination");
+	devmem_open();
 	if (bytes)
 		memcpy(dst, src, bytes);
+	devmem_close();
 	return 0;
 }
 
@@ -203,7 +122,8 @@ int cuda_sync(char *msg, size_t msg_size)
 /* fill_random_kernel's splitmix64 and Box-Muller, one value at a time. */
 int cuda_fill_random(float *dst, size_t n, uint64_t seed, float sigma)
 {
-	dev_check(dst, n * sizeof(float), "cuda_fill_random");
+	devmem_check(dst, n * sizeof(float), "cuda_fill_random");
+	devmem_open();
 	for (size_t i = 0; i < n; i++) {
 		uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
 		uint64_t r[2];
@@ -218,6 +138,7 @@ int cuda_fill_random(float *dst, size_t n, uint64_t seed, float sigma)
 		float u2 = (float)(r[1] >> 40) * (1.0f / 16777216.0f);
 		dst[i] = sigma * sqrtf(-2.0f * logf(u1)) * (float)cos(M_PI * 2.0 * u2);
 	}
+	devmem_close();
 	return 0;
 }
 
@@ -347,7 +268,9 @@ int cuda_kv_new(const CudaKvShape *sh, const CudaKvSide *k, const CudaKvSide *v,
 		cuda_kv_free(kv);
 		return -ENOMEM;
 	}
+	devmem_open();
 	memset(p->base, 0, bytes);
+	devmem_close();
 	if ((r = codecs_upload(kv, k, v))) {
 		cuda_kv_free(kv);
 		return r;
@@ -408,7 +331,9 @@ int cuda_kv_copy_seq(CudaKv *kv, int dst, int src)
 	if (dst < 0 || src < 0 || dst >= kv->shape.n_seqs || src >= kv->shape.n_seqs)
 		return -EINVAL;
 	size_t bytes = (size_t)kv->p.n_kv_heads * kv->p.capacity_blocks * kv->p.block_bytes;
+	devmem_open();
 	memmove(block_ptr(kv, dst, 0, 0), block_ptr(kv, src, 0, 0), bytes);
+	devmem_close();
 	return 0;
 }
 
@@ -421,8 +346,9 @@ int kvc_launch_append(const KvcParams *p, int seq, int64_t pos0, int64_t n_tok, 
 	if (n <= 0)
 		return 0;
 	size_t in_bytes = (size_t)n_tok * p->n_kv_heads * p->dim * sizeof(float);
-	dev_check(k, in_bytes, "cuda_kv_append keys");
-	dev_check(v, in_bytes, "cuda_kv_append values");
+	devmem_check(k, in_bytes, "cuda_kv_append keys");
+	devmem_check(v, in_bytes, "cuda_kv_append values");
+	devmem_open();
 	for (int64_t idx = 0; idx < n; idx++) {
 		int role = (int)(idx & 1); /* 0 keys, 1 values */
 		int head = (int)(idx / 2 % p->n_kv_heads);
@@ -440,6 +366,7 @@ int kvc_launch_append(const KvcParams *p, int seq, int64_t pos0, int64_t n_tok, 
 		else
 			kvk_plain_store(fmt, role ? p->vhad : p->khad, p->dim, x, row);
 	}
+	devmem_close();
 	return 0;
 }
 
@@ -617,8 +544,8 @@ int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, c
 	const int64_t n_rows = (int64_t)n_seqs * n_tok;
 	const int64_t max_blocks = (max_ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
 	const size_t io_bytes = (size_t)n_rows * p->n_heads * p->dim * sizeof(float);
-	dev_check(q, io_bytes, "cuda_kv_attend queries");
-	dev_check(out, io_bytes, "cuda_kv_attend output");
+	devmem_check(q, io_bytes, "cuda_kv_attend queries");
+	devmem_check(out, io_bytes, "cuda_kv_attend output");
 
 	/* splits: kv_cuda.cu's rule, EMUL_SMS multiprocessors */
 	int bps = kv->split_blocks;
@@ -644,6 +571,7 @@ int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, c
 	float *qp = kv->scratch, *sq = qp + n_qp, *part = sq + n_sq;
 
 	EmulRows rows = { .pos0 = pos0, .n_tok = n_tok };
+	devmem_open();
 	emul_prepare(p, n_rows, q, qp, sq);
 	for (int64_t row = 0; row < n_rows; row++)
 		for (int kvh = 0; kvh < p->n_kv_heads; kvh++)
@@ -651,5 +579,6 @@ int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, c
 				emul_split(p, &rows, bps, n_splits, split, kvh, row, qp, sq, part);
 	for (int64_t rh = 0; rh < n_rows * p->n_heads; rh++)
 		emul_combine(p, &rows, bps, n_splits, rh, part, out);
+	devmem_close();
 	return 0;
 }
