@@ -1,9 +1,10 @@
 /*
- * kv_cuda.cu: device memory of a CudaKv and the three attention kernels
- * (kv_cuda.h describes the algorithm). The per-row arithmetic (unpacking,
- * codebook lookups, rotations) is engine/kv_kernel.h's; what is here is
- * the parallel structure: which thread reads what, the online softmax
- * across a warp and the merges.
+ * kv_cuda.cu: the device primitives and the three attention kernels of a
+ * CudaKv (kv_cuda.h describes the algorithm; kv_cuda_layer.c is the host
+ * side that checks arguments and launches them). The per-row arithmetic
+ * (unpacking, codebook lookups, rotations) is engine/kv_kernel.h's; what
+ * is here is the parallel structure: which thread reads what, the online
+ * softmax across a warp and the merges.
  */
 #include <errno.h>
 #include <math.h>
@@ -14,7 +15,7 @@
 
 #include "kv_cuda_internal.h"
 
-#define WARPS 4
+#define WARPS KVC_WARPS
 #define FULL_MASK 0xffffffffu
 
 static void set_msg(char *msg, size_t size, const char *fmt, ...)
@@ -43,16 +44,18 @@ extern "C" int cuda_device_info(char *name, size_t name_size, int *ret_sms, doub
 {
 	if (cuda_device_count() < 1)
 		return -ENODEV;
-	cudaDeviceProp prop;
-	if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess)
-		return -ENODEV;
-	int mem_khz = 0, bus_bits = 0;
+	if (name && name_size) {
+		cudaDeviceProp prop;
+		if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess)
+			return -ENODEV;
+		snprintf(name, name_size, "%s", prop.name);
+	}
+	int sms = 0, mem_khz = 0, bus_bits = 0;
+	cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
 	cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0);
 	cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0);
-	if (name && name_size)
-		snprintf(name, name_size, "%s", prop.name);
 	if (ret_sms)
-		*ret_sms = prop.multiProcessorCount;
+		*ret_sms = sms;
 	/* double data rate: two transfers per memory clock */
 	if (ret_peak_gbs)
 		*ret_peak_gbs = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
@@ -83,6 +86,16 @@ extern "C" int cuda_upload(void *dst, const void *src, size_t bytes)
 extern "C" int cuda_download(void *dst, const void *src, size_t bytes)
 {
 	return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -EIO;
+}
+
+extern "C" int cuda_zero(void *dst, size_t bytes)
+{
+	return cudaMemset(dst, 0, bytes) == cudaSuccess ? 0 : -EIO;
+}
+
+extern "C" int cuda_copy(void *dst, const void *src, size_t bytes)
+{
+	return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess ? 0 : -EIO;
 }
 
 extern "C" int cuda_sync(char *msg, size_t msg_size)
@@ -122,220 +135,6 @@ extern "C" int cuda_fill_random(float *dst, size_t n, uint64_t seed, float sigma
 		return 0;
 	fill_random_kernel<<<(unsigned)((n + 255) / 256), 256>>>(dst, n, seed, sigma);
 	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
-}
-
-/* ---- the layer ---- */
-
-static uint32_t side_row_bytes(const CudaKvSide *s, int dim)
-{
-	return s->format == KVK_TQ ? s->tq[0].code_bytes : kvk_plain_row_bytes(s->format, dim);
-}
-
-static int side_check(const CudaKvSide *s, const CudaKvShape *sh, const char *what, char *msg,
-		      size_t msg_size)
-{
-	if (s->format < KVK_F32 || s->format > KVK_TQ) {
-		set_msg(msg, msg_size, "%s: unknown format %d", what, s->format);
-		return -EINVAL;
-	}
-	if (s->format != KVK_TQ) {
-		if (s->hadamard && (sh->dim & (sh->dim - 1))) {
-			set_msg(msg, msg_size, "%s: +h needs a power-of-two head_dim, not %d", what,
-				sh->dim);
-			return -EINVAL;
-		}
-		return 0;
-	}
-	if (!s->tq) {
-		set_msg(msg, msg_size, "%s: TQ side without codecs", what);
-		return -EINVAL;
-	}
-	for (int h = 0; h < sh->n_kv_heads; h++)
-		if (s->tq[h].dim != sh->dim || s->tq[h].code_bytes != s->tq[0].code_bytes ||
-		    s->tq[h].qjl_m != s->tq[0].qjl_m) {
-			set_msg(msg, msg_size, "%s: the codec of kv-head %d does not fit the shape",
-				what, h);
-			return -EINVAL;
-		}
-	return 0;
-}
-
-extern "C" CudaKv *cuda_kv_free(CudaKv *kv)
-{
-	if (kv) {
-		cudaFree(kv->p.base);
-		cudaFree(kv->d_codecs);
-		cudaFree(kv->d_blobs);
-		cudaFree(kv->scratch);
-		free(kv);
-	}
-	return NULL;
-}
-
-extern "C" int cuda_kv_new(const CudaKvShape *sh, const CudaKvSide *k, const CudaKvSide *v,
-			   CudaKv **ret, char *msg, size_t msg_size)
-{
-	if (sh->n_seqs < 1 || sh->n_seqs > CUDA_KV_MAX_SEQS || sh->n_kv_heads < 1 ||
-	    sh->n_heads < sh->n_kv_heads || sh->n_heads % sh->n_kv_heads ||
-	    sh->n_heads / sh->n_kv_heads > CUDA_KV_MAX_G || sh->dim < 32 || sh->dim % 32 ||
-	    sh->dim > KVK_MAX_DIM || sh->capacity < 1) {
-		set_msg(msg, msg_size,
-			"GPU KV cache: unsupported shape (%d heads, %d kv-heads, head_dim %d, %d "
-			"sequences, capacity %lld): head_dim must be a multiple of 32 up to %d, at most "
-			"%d query heads per kv-head, 1 to %d sequences", sh->n_heads, sh->n_kv_heads,
-			sh->dim, sh->n_seqs, (long long)sh->capacity, KVK_MAX_DIM, CUDA_KV_MAX_G,
-			CUDA_KV_MAX_SEQS);
-		return -EINVAL;
-	}
-	int r = side_check(k, sh, "keys", msg, msg_size);
-	if (r < 0 || (r = side_check(v, sh, "values", msg, msg_size)) < 0)
-		return r;
-	if (cuda_device_count() < 1) {
-		set_msg(msg, msg_size, "no CUDA device");
-		return -ENODEV;
-	}
-
-	CudaKv *kv = (CudaKv *)calloc(1, sizeof(*kv));
-	if (!kv)
-		return -ENOMEM;
-	kv->shape = *sh;
-	KvcParams *p = &kv->p;
-	p->n_heads = sh->n_heads;
-	p->n_kv_heads = sh->n_kv_heads;
-	p->dim = sh->dim;
-	p->group = sh->n_heads / sh->n_kv_heads;
-	p->capacity_blocks = (sh->capacity + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
-	p->kb = side_row_bytes(k, sh->dim);
-	p->vb = side_row_bytes(v, sh->dim);
-	p->block_bytes = CUDA_KV_BLOCK * (p->kb + p->vb);
-	p->kfmt = k->format;
-	p->vfmt = v->format;
-	p->khad = k->hadamard;
-	p->vhad = v->hadamard;
-	p->qjl_m = k->format == KVK_TQ && (k->tq[0].flags & KVK_FLAG_QJL) ? k->tq[0].qjl_m : 0;
-	cudaDeviceGetAttribute(&kv->n_sms, cudaDevAttrMultiProcessorCount, 0);
-
-	size_t blocks = (size_t)sh->n_seqs * sh->n_kv_heads * (size_t)p->capacity_blocks;
-	size_t bytes = blocks * p->block_bytes;
-	if (cudaMalloc((void **)&p->base, bytes) != cudaSuccess ||
-	    cudaMemset(p->base, 0, bytes) != cudaSuccess) {
-		(void)cudaGetLastError();
-		set_msg(msg, msg_size, "GPU KV cache: out of device memory for %zu MiB of blocks",
-			bytes >> 20);
-		cuda_kv_free(kv);
-		return -ENOMEM;
-	}
-
-	/* codecs: K heads then V heads, blobs packed one after another */
-	int nk = sh->n_kv_heads;
-	KvkCodec *host = (KvkCodec *)calloc(2 * (size_t)nk, sizeof(KvkCodec));
-	size_t blob_total = 0;
-	for (int s = 0; s < 2; s++) {
-		const CudaKvSide *side = s ? v : k;
-		for (int h = 0; side->format == KVK_TQ && h < nk; h++)
-			blob_total += (side->tq[h].blob_bytes + 15) & ~(size_t)15;
-	}
-	if (!host || cudaMalloc((void **)&kv->d_codecs, 2 * nk * sizeof(KvkCodec)) != cudaSuccess ||
-	    cudaMalloc((void **)&kv->d_blobs, blob_total ? blob_total : 16) != cudaSuccess) {
-		(void)cudaGetLastError();
-		free(host);
-		cuda_kv_free(kv);
-		return -ENOMEM;
-	}
-	size_t off = 0;
-	for (int s = 0; s < 2; s++) {
-		const CudaKvSide *side = s ? v : k;
-		for (int h = 0; side->format == KVK_TQ && h < nk; h++) {
-			KvkCodec *c = &host[s * nk + h];
-			*c = side->tq[h];
-			if (cudaMemcpy(kv->d_blobs + off, c->blob, c->blob_bytes, cudaMemcpyHostToDevice) !=
-			    cudaSuccess) {
-				free(host);
-				cuda_kv_free(kv);
-				return -EIO;
-			}
-			c->blob = kv->d_blobs + off;
-			off += (c->blob_bytes + 15) & ~(size_t)15;
-		}
-	}
-	r = cudaMemcpy(kv->d_codecs, host, 2 * nk * sizeof(KvkCodec), cudaMemcpyHostToDevice) ==
-		    cudaSuccess ? 0 : -EIO;
-	free(host);
-	if (r < 0) {
-		cuda_kv_free(kv);
-		return r;
-	}
-	p->kc = kv->d_codecs;
-	p->vc = kv->d_codecs + nk;
-	*ret = kv;
-	return 0;
-}
-
-extern "C" uint32_t cuda_kv_row_bytes(const CudaKv *kv, bool values)
-{
-	return values ? kv->p.vb : kv->p.kb;
-}
-
-extern "C" size_t cuda_kv_block_bytes(const CudaKv *kv)
-{
-	return kv->p.block_bytes;
-}
-
-extern "C" size_t cuda_kv_bytes(const CudaKv *kv)
-{
-	return (size_t)kv->shape.n_seqs * kv->shape.n_kv_heads * (size_t)kv->p.capacity_blocks *
-	       kv->p.block_bytes;
-}
-
-extern "C" void cuda_kv_set_split(CudaKv *kv, int blocks_per_split)
-{
-	kv->split_blocks = blocks_per_split > 0 ? blocks_per_split : 0;
-}
-
-static uint8_t *block_ptr(const CudaKv *kv, int seq, int head, int64_t b)
-{
-	return kv->p.base + (((int64_t)seq * kv->p.n_kv_heads + head) * kv->p.capacity_blocks + b) *
-				    kv->p.block_bytes;
-}
-
-static bool block_ok(const CudaKv *kv, int seq, int head, int64_t b, size_t len)
-{
-	return seq >= 0 && seq < kv->shape.n_seqs && head >= 0 && head < kv->p.n_kv_heads && b >= 0 &&
-	       b < kv->p.capacity_blocks && len == kv->p.block_bytes;
-}
-
-extern "C" int cuda_kv_block_read(const CudaKv *kv, int seq, int head, int64_t b, void *host,
-				  size_t len)
-{
-	if (!block_ok(kv, seq, head, b, len))
-		return -EINVAL;
-	return cuda_download(host, block_ptr(kv, seq, head, b), len);
-}
-
-extern "C" int cuda_kv_block_write(CudaKv *kv, int seq, int head, int64_t b, const void *host,
-				   size_t len)
-{
-	if (!block_ok(kv, seq, head, b, len))
-		return -EINVAL;
-	return cuda_upload(block_ptr(kv, seq, head, b), host, len);
-}
-
-extern "C" int cuda_kv_copy_seq(CudaKv *kv, int dst, int src)
-{
-	if (dst < 0 || src < 0 || dst >= kv->shape.n_seqs || src >= kv->shape.n_seqs)
-		return -EINVAL;
-	size_t bytes = (size_t)kv->p.n_kv_heads * kv->p.capacity_blocks * kv->p.block_bytes;
-	return cudaMemcpy(block_ptr(kv, dst, 0, 0), block_ptr(kv, src, 0, 0), bytes,
-			  cudaMemcpyDeviceToDevice) == cudaSuccess ? 0 : -EIO;
-}
-
-extern "C" int cuda_kv_append(CudaKv *kv, int seq, int64_t pos0, int64_t n_tok, const float *k,
-			      const float *v)
-{
-	if (seq < 0 || seq >= kv->shape.n_seqs || pos0 < 0 || n_tok < 0 ||
-	    pos0 + n_tok > kv->shape.capacity)
-		return -EINVAL;
-	return kvc_launch_append(&kv->p, seq, pos0, n_tok, k, v);
 }
 
 /* ---- attention ---- */
@@ -695,60 +494,20 @@ static void launch_split_for(const KvcParams &p, const KvcRows &rows, int64_t n_
 	}
 }
 
-extern "C" int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok,
-			      const float *q, float *out)
+extern "C" int kvc_launch_attend(const KvcParams *pp, const KvcAttend *a)
 {
-	const KvcParams &p = kv->p;
-	if (n_seqs < 1 || n_seqs > kv->shape.n_seqs || n_tok < 1)
-		return -EINVAL;
+	const KvcParams &p = *pp;
 	KvcRows rows;
 	memset(&rows, 0, sizeof(rows));
-	rows.n_seqs = n_seqs;
-	rows.n_tok = n_tok;
-	int64_t max_ctx = 0;
-	for (int s = 0; s < n_seqs; s++) {
-		if (pos0[s] < 0 || pos0[s] + n_tok > kv->shape.capacity)
-			return -EINVAL;
-		rows.pos0[s] = pos0[s];
-		max_ctx = pos0[s] + n_tok > max_ctx ? pos0[s] + n_tok : max_ctx;
-	}
-	const int64_t n_rows = (int64_t)n_seqs * n_tok;
-	const int64_t max_blocks = (max_ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
-
-	/* splits: enough blocks of threads to fill the GPU about four times over */
-	int bps = kv->split_blocks;
-	if (!bps) {
-		int64_t items = n_rows * p.n_kv_heads;
-		int64_t want = (4 * (int64_t)(kv->n_sms ? kv->n_sms : 100) + items - 1) / items;
-		if (want < 1)
-			want = 1;
-		bps = (int)((max_blocks + want - 1) / want);
-		if (bps < WARPS)
-			bps = WARPS;
-	}
-	const int n_splits = (int)((max_blocks + bps - 1) / bps);
-
-	/* scratch: prepared queries, sketches, partials */
-	const int m1 = p.qjl_m ? p.qjl_m : 1;
-	size_t n_qp = (size_t)n_rows * p.n_heads * p.dim, n_sq = (size_t)n_rows * p.n_heads * m1;
-	size_t n_part = (size_t)n_rows * p.n_heads * n_splits * (p.dim + 2);
-	size_t need = (n_qp + n_sq + n_part) * sizeof(float);
-	if (need > kv->scratch_bytes) {
-		cudaFree(kv->scratch);
-		kv->scratch = NULL;
-		kv->scratch_bytes = 0;
-		if (cudaMalloc((void **)&kv->scratch, need) != cudaSuccess) {
-			(void)cudaGetLastError();
-			return -ENOMEM;
-		}
-		kv->scratch_bytes = need;
-	}
-	float *qp = kv->scratch, *sq = qp + n_qp, *part = sq + n_sq;
-
-	int64_t n_prep = n_rows * p.n_heads;
-	kvc_prepare_kernel<<<(unsigned)((n_prep + 63) / 64), 64>>>(p, n_rows, q, qp, sq);
-	launch_split_for(p, rows, n_rows, bps, n_splits, qp, sq, part);
-	kvc_combine_kernel<<<(unsigned)n_prep, p.dim, 2 * p.dim * sizeof(float)>>>(p, rows, bps,
-										  n_splits, part, out);
+	rows.n_seqs = a->n_seqs;
+	rows.n_tok = a->n_tok;
+	for (int s = 0; s < a->n_seqs; s++)
+		rows.pos0[s] = a->pos0[s];
+	const int64_t n_rows = (int64_t)a->n_seqs * a->n_tok;
+	const int64_t n_prep = n_rows * p.n_heads;
+	kvc_prepare_kernel<<<(unsigned)((n_prep + 63) / 64), 64>>>(p, n_rows, a->q, a->qp, a->sq);
+	launch_split_for(p, rows, n_rows, a->blocks_per_split, a->n_splits, a->qp, a->sq, a->part);
+	kvc_combine_kernel<<<(unsigned)n_prep, p.dim, 2 * p.dim * sizeof(float)>>>(
+		p, rows, a->blocks_per_split, a->n_splits, a->part, a->out);
 	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
 }

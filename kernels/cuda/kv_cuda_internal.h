@@ -1,7 +1,10 @@
 /*
- * kv_cuda_internal.h: what kv_cuda.cu (attention, memory) and
- * kv_cuda_append.cu (quantize-on-append, built without FMA contraction)
- * share: the CudaKv object and the plain-value view kernels receive.
+ * kv_cuda_internal.h: what the pieces of a CudaKv share. kv_cuda_layer.c
+ * (plain C: checks, layout, scratch, the split rule) drives the kernels
+ * through kvc_launch_append() (kv_cuda_append.cu, built without FMA
+ * contraction) and kvc_launch_attend() (kv_cuda.cu), on the device
+ * primitives below; tests/unit/kv_cuda_emul.c provides the same on the
+ * host.
  */
 #pragma once
 
@@ -30,6 +33,35 @@ struct CudaKv {
 	size_t scratch_bytes;
 };
 
+/* Warps per thread block of the split kernel; also the fewest blocks per split. */
+#define KVC_WARPS 4
+
+/* One attention call, checked and laid out by cuda_kv_attend(). */
+typedef struct KvcAttend {
+	const int64_t *pos0;         /* host: (n_seqs,) first position of each sequence's rows */
+	int n_seqs;
+	int64_t n_tok;
+	int blocks_per_split, n_splits;
+	const float *q;              /* (n_seqs * n_tok, n_heads, dim) */
+	float *qp, *sq, *part;       /* scratch: prepared queries, sketches, partials */
+	float *out;                  /* like q */
+} KvcAttend;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Device memory beyond kv_cuda.h's: zero it, copy within it. 0 or -EIO. */
+int cuda_zero(void *dst, size_t bytes);
+int cuda_copy(void *dst, const void *src, size_t bytes);
+
+/* Launch the attention kernels: prepare, split, combine (kv_cuda.cu). 0 or -EIO. */
+int kvc_launch_attend(const KvcParams *p, const KvcAttend *a);
+
 /* Launch the append kernel (kv_cuda_append.cu). */
 int kvc_launch_append(const KvcParams *p, int seq, int64_t pos0, int64_t n_tok, const float *k,
 		      const float *v);
+
+#ifdef __cplusplus
+}
+#endif

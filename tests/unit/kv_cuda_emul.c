@@ -1,27 +1,27 @@
 /*
- * kv_cuda_emul.c: a host emulation of kernels/cuda/kv_cuda.h, for tests
- * only. It lets the host code built on that API (kv_cuda_cache.c,
- * kv_cuda_host.c) and tests/gpu/test-gpu-kvcache.c run on every CI
- * machine, without a GPU and without nvcc (tests/unit/meson.build:
+ * kv_cuda_emul.c: a host emulation of the device side of kernels/cuda/
+ * kv_cuda.h, for tests only: the device primitives (kv_cuda.cu) and the
+ * append and attention launches (kv_cuda_internal.h). The host side, the
+ * real kv_cuda_layer.c, is linked with it, and so are kv_cuda_cache.c and
+ * kv_cuda_host.c, so that code and tests/gpu/test-gpu-kvcache.c run on
+ * every CI machine without a GPU and without nvcc (tests/unit/meson.build:
  * kvcache-cuda-emulated). It proves nothing about the real kernels
  * (kv_cuda.cu, kv_cuda_append.cu): not their launch arithmetic, warps,
  * shared memory or asynchrony, nor that nvcc's -fmad=false build writes
  * the CPU's bytes. tests/gpu/ on a real GPU is the check for those.
  *
- * What it keeps of kv_cuda.cu's semantics:
- *   - One device, EMUL_SMS multiprocessors. cuda_kv_new() validates
- *     shapes and sides with the same messages and codes, and lays out
- *     blocks, codecs and scratch the same way (the CudaKv of
- *     kv_cuda_internal.h).
+ * What it keeps of the kernels' semantics:
+ *   - One device, EMUL_SMS multiprocessors (kv_cuda_layer.c's split rule
+ *     reads it).
  *   - Append writes each row with kv_kernel.h's encoders, the bytes the
  *     CPU store writes (this file is C11, which does not contract to FMA).
  *   - Attend is the same three steps on the same scratch: queries
  *     prepared into the stored domain, per split of blocks an online
  *     softmax (per block, as a warp does) into (max, sum, acc) partials,
- *     then the combine and the rotation back. The splits follow
- *     cuda_kv_set_split() or the same occupancy rule. Scores and values
- *     are kv_kernel.h's, so the output equals the CPU store's to float
- *     rounding; summation order differs from the GPU's.
+ *     then the combine and the rotation back, with the splits
+ *     kv_cuda_layer.c chose. Scores and values are kv_kernel.h's, so the
+ *     output equals the CPU store's to float rounding; summation order
+ *     differs from the GPU's.
  *
  * Device memory is devmem_emul.c's, shared with the emulated CUDA
  * runtime (cuda_runtime_emul.c), as cudaMalloc() and cuda_alloc() share
@@ -49,20 +49,8 @@
 #include "kernels/cuda/kv_cuda_internal.h"
 
 #define EMUL_SMS 16  /* multiprocessors the emulated device reports */
-#define WARPS 4      /* kv_cuda.cu's warps per split block: the minimum blocks per split */
 
 static_assert(CUDA_KV_MAX_G == 8, "emul_split scores with kvk_tq_score_heads_8");
-
-static void set_msg(char *msg, size_t size, const char *fmt, ...) _printf_(3, 4);
-static void set_msg(char *msg, size_t size, const char *fmt, ...)
-{
-	if (!msg || !size)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, size, fmt, ap);
-	va_end(ap);
-}
 
 int cuda_device_count(void)
 {
@@ -114,6 +102,25 @@ int cuda_download(void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
+int cuda_zero(void *dst, size_t bytes)
+{
+	devmem_check(dst, bytes, "cuda_zero");
+	devmem_open();
+	memset(dst, 0, bytes);
+	devmem_close();
+	return 0;
+}
+
+int cuda_copy(void *dst, const void *src, size_t bytes)
+{
+	devmem_check(dst, bytes, "cuda_copy destination");
+	devmem_check(src, bytes, "cuda_copy source");
+	devmem_open();
+	memmove(dst, src, bytes);
+	devmem_close();
+	return 0;
+}
+
 int cuda_sync(char *msg, size_t msg_size)
 {
 	return 0;
@@ -138,201 +145,6 @@ int cuda_fill_random(float *dst, size_t n, uint64_t seed, float sigma)
 		float u2 = (float)(r[1] >> 40) * (1.0f / 16777216.0f);
 		dst[i] = sigma * sqrtf(-2.0f * logf(u1)) * (float)cos(M_PI * 2.0 * u2);
 	}
-	devmem_close();
-	return 0;
-}
-
-/* ---- the layer: kv_cuda.cu's cuda_kv_new() and friends, on emulated memory ---- */
-
-static uint32_t side_row_bytes(const CudaKvSide *s, int dim)
-{
-	return s->format == KVK_TQ ? s->tq[0].code_bytes : kvk_plain_row_bytes(s->format, dim);
-}
-
-static int side_check(const CudaKvSide *s, const CudaKvShape *sh, const char *what, char *msg,
-		      size_t msg_size)
-{
-	if (s->format < KVK_F32 || s->format > KVK_TQ) {
-		set_msg(msg, msg_size, "%s: unknown format %d", what, s->format);
-		return -EINVAL;
-	}
-	if (s->format != KVK_TQ) {
-		if (s->hadamard && (sh->dim & (sh->dim - 1))) {
-			set_msg(msg, msg_size, "%s: +h needs a power-of-two head_dim, not %d", what,
-				sh->dim);
-			return -EINVAL;
-		}
-		return 0;
-	}
-	if (!s->tq) {
-		set_msg(msg, msg_size, "%s: TQ side without codecs", what);
-		return -EINVAL;
-	}
-	for (int h = 0; h < sh->n_kv_heads; h++)
-		if (s->tq[h].dim != sh->dim || s->tq[h].code_bytes != s->tq[0].code_bytes ||
-		    s->tq[h].qjl_m != s->tq[0].qjl_m) {
-			set_msg(msg, msg_size, "%s: the codec of kv-head %d does not fit the shape",
-				what, h);
-			return -EINVAL;
-		}
-	return 0;
-}
-
-CudaKv *cuda_kv_free(CudaKv *kv)
-{
-	if (kv) {
-		cuda_free(kv->p.base);
-		cuda_free(kv->d_codecs);
-		cuda_free(kv->d_blobs);
-		cuda_free(kv->scratch);
-		free(kv);
-	}
-	return NULL;
-}
-
-/* The codecs in device memory: (2, n_kv_heads) K then V, blobs packed at 16-byte offsets. */
-static int codecs_upload(CudaKv *kv, const CudaKvSide *k, const CudaKvSide *v)
-{
-	int nk = kv->shape.n_kv_heads;
-	size_t blob_total = 0;
-	for (int s = 0; s < 2; s++) {
-		const CudaKvSide *side = s ? v : k;
-		for (int h = 0; side->format == KVK_TQ && h < nk; h++)
-			blob_total += (side->tq[h].blob_bytes + 15) & ~(size_t)15;
-	}
-	_cleanup_(freep) KvkCodec *host = calloc(2 * (size_t)nk, sizeof(KvkCodec));
-	if (!host || !(kv->d_codecs = cuda_alloc(2 * nk * sizeof(KvkCodec))) ||
-	    !(kv->d_blobs = cuda_alloc(blob_total ? blob_total : 16)))
-		return -ENOMEM;
-	size_t off = 0;
-	for (int s = 0; s < 2; s++) {
-		const CudaKvSide *side = s ? v : k;
-		for (int h = 0; side->format == KVK_TQ && h < nk; h++) {
-			KvkCodec *c = &host[s * nk + h];
-			*c = side->tq[h];
-			cuda_upload(kv->d_blobs + off, c->blob, c->blob_bytes);
-			c->blob = kv->d_blobs + off;
-			off += (c->blob_bytes + 15) & ~(size_t)15;
-		}
-	}
-	cuda_upload(kv->d_codecs, host, 2 * nk * sizeof(KvkCodec));
-	kv->p.kc = kv->d_codecs;
-	kv->p.vc = kv->d_codecs + nk;
-	return 0;
-}
-
-int cuda_kv_new(const CudaKvShape *sh, const CudaKvSide *k, const CudaKvSide *v, CudaKv **ret,
-		char *msg, size_t msg_size)
-{
-	if (sh->n_seqs < 1 || sh->n_seqs > CUDA_KV_MAX_SEQS || sh->n_kv_heads < 1 ||
-	    sh->n_heads < sh->n_kv_heads || sh->n_heads % sh->n_kv_heads ||
-	    sh->n_heads / sh->n_kv_heads > CUDA_KV_MAX_G || sh->dim < 32 || sh->dim % 32 ||
-	    sh->dim > KVK_MAX_DIM || sh->capacity < 1) {
-		set_msg(msg, msg_size,
-			"GPU KV cache: unsupported shape (%d heads, %d kv-heads, head_dim %d, %d "
-			"sequences, capacity %lld): head_dim must be a multiple of 32 up to %d, at most "
-			"%d query heads per kv-head, 1 to %d sequences", sh->n_heads, sh->n_kv_heads,
-			sh->dim, sh->n_seqs, (long long)sh->capacity, KVK_MAX_DIM, CUDA_KV_MAX_G,
-			CUDA_KV_MAX_SEQS);
-		return -EINVAL;
-	}
-	int r = side_check(k, sh, "keys", msg, msg_size);
-	if (r < 0 || (r = side_check(v, sh, "values", msg, msg_size)) < 0)
-		return r;
-
-	CudaKv *kv = calloc(1, sizeof(*kv));
-	if (!kv)
-		return -ENOMEM;
-	kv->shape = *sh;
-	KvcParams *p = &kv->p;
-	p->n_heads = sh->n_heads;
-	p->n_kv_heads = sh->n_kv_heads;
-	p->dim = sh->dim;
-	p->group = sh->n_heads / sh->n_kv_heads;
-	p->capacity_blocks = (sh->capacity + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
-	p->kb = side_row_bytes(k, sh->dim);
-	p->vb = side_row_bytes(v, sh->dim);
-	p->block_bytes = CUDA_KV_BLOCK * (p->kb + p->vb);
-	p->kfmt = k->format;
-	p->vfmt = v->format;
-	p->khad = k->hadamard;
-	p->vhad = v->hadamard;
-	p->qjl_m = k->format == KVK_TQ && (k->tq[0].flags & KVK_FLAG_QJL) ? k->tq[0].qjl_m : 0;
-	kv->n_sms = EMUL_SMS;
-
-	size_t blocks = (size_t)sh->n_seqs * sh->n_kv_heads * (size_t)p->capacity_blocks;
-	size_t bytes = blocks * p->block_bytes;
-	if (!(p->base = cuda_alloc(bytes))) {
-		set_msg(msg, msg_size, "GPU KV cache: out of device memory for %zu MiB of blocks",
-			bytes >> 20);
-		cuda_kv_free(kv);
-		return -ENOMEM;
-	}
-	devmem_open();
-	memset(p->base, 0, bytes);
-	devmem_close();
-	if ((r = codecs_upload(kv, k, v))) {
-		cuda_kv_free(kv);
-		return r;
-	}
-	*ret = kv;
-	return 0;
-}
-
-uint32_t cuda_kv_row_bytes(const CudaKv *kv, bool values)
-{
-	return values ? kv->p.vb : kv->p.kb;
-}
-
-size_t cuda_kv_block_bytes(const CudaKv *kv)
-{
-	return kv->p.block_bytes;
-}
-
-size_t cuda_kv_bytes(const CudaKv *kv)
-{
-	return (size_t)kv->shape.n_seqs * kv->shape.n_kv_heads * (size_t)kv->p.capacity_blocks *
-	       kv->p.block_bytes;
-}
-
-void cuda_kv_set_split(CudaKv *kv, int blocks_per_split)
-{
-	kv->split_blocks = blocks_per_split > 0 ? blocks_per_split : 0;
-}
-
-static uint8_t *block_ptr(const CudaKv *kv, int seq, int head, int64_t b)
-{
-	return kv->p.base + (((int64_t)seq * kv->p.n_kv_heads + head) * kv->p.capacity_blocks + b) *
-				    kv->p.block_bytes;
-}
-
-static bool block_ok(const CudaKv *kv, int seq, int head, int64_t b, size_t len)
-{
-	return seq >= 0 && seq < kv->shape.n_seqs && head >= 0 && head < kv->p.n_kv_heads && b >= 0 &&
-	       b < kv->p.capacity_blocks && len == kv->p.block_bytes;
-}
-
-int cuda_kv_block_read(const CudaKv *kv, int seq, int head, int64_t b, void *host, size_t len)
-{
-	if (!block_ok(kv, seq, head, b, len))
-		return -EINVAL;
-	return cuda_download(host, block_ptr(kv, seq, head, b), len);
-}
-
-int cuda_kv_block_write(CudaKv *kv, int seq, int head, int64_t b, const void *host, size_t len)
-{
-	if (!block_ok(kv, seq, head, b, len))
-		return -EINVAL;
-	return cuda_upload(block_ptr(kv, seq, head, b), host, len);
-}
-
-int cuda_kv_copy_seq(CudaKv *kv, int dst, int src)
-{
-	if (dst < 0 || src < 0 || dst >= kv->shape.n_seqs || src >= kv->shape.n_seqs)
-		return -EINVAL;
-	size_t bytes = (size_t)kv->p.n_kv_heads * kv->p.capacity_blocks * kv->p.block_bytes;
-	devmem_open();
-	memmove(block_ptr(kv, dst, 0, 0), block_ptr(kv, src, 0, 0), bytes);
 	devmem_close();
 	return 0;
 }
@@ -368,15 +180,6 @@ int kvc_launch_append(const KvcParams *p, int seq, int64_t pos0, int64_t n_tok, 
 	}
 	devmem_close();
 	return 0;
-}
-
-int cuda_kv_append(CudaKv *kv, int seq, int64_t pos0, int64_t n_tok, const float *k,
-		   const float *v)
-{
-	if (seq < 0 || seq >= kv->shape.n_seqs || pos0 < 0 || n_tok < 0 ||
-	    pos0 + n_tok > kv->shape.capacity)
-		return -EINVAL;
-	return kvc_launch_append(&kv->p, seq, pos0, n_tok, k, v);
 }
 
 /* ---- attention: kv_cuda.cu's prepare, split and combine, one work item at a time ---- */
@@ -529,56 +332,25 @@ static void emul_combine(const KvcParams *p, const EmulRows *rows, int bps, int 
 	}
 }
 
-int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, const float *q,
-		   float *out)
+int kvc_launch_attend(const KvcParams *p, const KvcAttend *a)
 {
-	const KvcParams *p = &kv->p;
-	if (n_seqs < 1 || n_seqs > kv->shape.n_seqs || n_tok < 1)
-		return -EINVAL;
-	int64_t max_ctx = 0;
-	for (int s = 0; s < n_seqs; s++) {
-		if (pos0[s] < 0 || pos0[s] + n_tok > kv->shape.capacity)
-			return -EINVAL;
-		max_ctx = MAX(max_ctx, pos0[s] + n_tok);
-	}
-	const int64_t n_rows = (int64_t)n_seqs * n_tok;
-	const int64_t max_blocks = (max_ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int64_t n_rows = (int64_t)a->n_seqs * a->n_tok;
 	const size_t io_bytes = (size_t)n_rows * p->n_heads * p->dim * sizeof(float);
-	devmem_check(q, io_bytes, "cuda_kv_attend queries");
-	devmem_check(out, io_bytes, "cuda_kv_attend output");
+	devmem_check(a->q, io_bytes, "cuda_kv_attend queries");
+	devmem_check(a->out, io_bytes, "cuda_kv_attend output");
+	devmem_check_host(a->pos0, a->n_seqs * sizeof(int64_t), "cuda_kv_attend positions");
 
-	/* splits: kv_cuda.cu's rule, EMUL_SMS multiprocessors */
-	int bps = kv->split_blocks;
-	if (!bps) {
-		int64_t items = n_rows * p->n_kv_heads;
-		int64_t want = MAX((4 * (int64_t)kv->n_sms + items - 1) / items, 1);
-		bps = (int)MAX((max_blocks + want - 1) / want, WARPS);
-	}
-	const int n_splits = (int)((max_blocks + bps - 1) / bps);
-
-	/* scratch: prepared queries, sketches, partials; grown, kept until cuda_kv_free() */
-	const int m1 = p->qjl_m ? p->qjl_m : 1;
-	size_t n_qp = (size_t)n_rows * p->n_heads * p->dim, n_sq = (size_t)n_rows * p->n_heads * m1;
-	size_t n_part = (size_t)n_rows * p->n_heads * n_splits * (p->dim + 2);
-	size_t need = (n_qp + n_sq + n_part) * sizeof(float);
-	if (need > kv->scratch_bytes) {
-		cuda_free(kv->scratch);
-		kv->scratch_bytes = 0;
-		if (!(kv->scratch = cuda_alloc(need)))
-			return -ENOMEM;
-		kv->scratch_bytes = need;
-	}
-	float *qp = kv->scratch, *sq = qp + n_qp, *part = sq + n_sq;
-
-	EmulRows rows = { .pos0 = pos0, .n_tok = n_tok };
+	EmulRows rows = { .pos0 = a->pos0, .n_tok = a->n_tok };
+	const int bps = a->blocks_per_split, n_splits = a->n_splits;
 	devmem_open();
-	emul_prepare(p, n_rows, q, qp, sq);
+	emul_prepare(p, n_rows, a->q, a->qp, a->sq);
 	for (int64_t row = 0; row < n_rows; row++)
 		for (int kvh = 0; kvh < p->n_kv_heads; kvh++)
 			for (int split = 0; split < n_splits; split++)
-				emul_split(p, &rows, bps, n_splits, split, kvh, row, qp, sq, part);
+				emul_split(p, &rows, bps, n_splits, split, kvh, row, a->qp, a->sq,
+					   a->part);
 	for (int64_t rh = 0; rh < n_rows * p->n_heads; rh++)
-		emul_combine(p, &rows, bps, n_splits, rh, part, out);
+		emul_combine(p, &rows, bps, n_splits, rh, a->part, a->out);
 	devmem_close();
 	return 0;
 }
