@@ -18,7 +18,7 @@
  * V rows, each row the bytes kvquant_store() / tq_encode() would write.
  * Blocks of (seq, head) are contiguous: block b of (seq, head) is at
  *   base + ((seq * n_kv_heads + head) * capacity_blocks + b) * block_bytes.
- * cuda_kv_block_read/_write move blocks to and from the host unchanged,
+ * cuda_kv_blocks_read/_write move blocks to and from the host unchanged,
  * so a session saved from the GPU restores on the CPU and back.
  *
  * == Attention (flash-decoding) ==
@@ -116,9 +116,14 @@ int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, c
 /* Force n blocks per split (0: choose by occupancy). Tests cover several splits with it. */
 void cuda_kv_set_split(CudaKv *kv, int blocks_per_split);
 
-/* Copy block b of (seq, head) to / from the host (len = cuda_kv_block_bytes()). Synchronous. */
-int cuda_kv_block_read(const CudaKv *kv, int seq, int head, int64_t b, void *host, size_t len);
-int cuda_kv_block_write(CudaKv *kv, int seq, int head, int64_t b, const void *host, size_t len);
+/*
+ * Copy blocks b0 .. b0+n-1 of (seq, head) to / from the host, len = n *
+ * cuda_kv_block_bytes() (they are contiguous: one transfer). Synchronous.
+ */
+int cuda_kv_blocks_read(const CudaKv *kv, int seq, int head, int64_t b0, int64_t n, void *host,
+			size_t len);
+int cuda_kv_blocks_write(CudaKv *kv, int seq, int head, int64_t b0, int64_t n, const void *host,
+			 size_t len);
 
 /* Copy every block of sequence src over sequence dst on the device (benchmarks fill one sequence). */
 int cuda_kv_copy_seq(CudaKv *kv, int dst, int src);

@@ -244,6 +244,21 @@ static void f32_block_copy(CudaKvCache *c, int layer, int head, int64_t b, float
 	}
 }
 
+/*
+ * Blocks move in runs of up to TRANSFER_BYTES: the blocks of a (sequence,
+ * kv-head) are contiguous on the device, and one transfer per block would
+ * cost a round trip each (a 32K-token session of an 8B model has 256K
+ * blocks). The emulated test sets a few KiB so that runs split.
+ */
+#ifndef TRANSFER_BYTES
+#define TRANSFER_BYTES ((size_t)4 << 20)
+#endif
+
+static int64_t run_blocks(size_t block_bytes, int64_t left)
+{
+	return MIN(left, (int64_t)MAX(TRANSFER_BYTES / block_bytes, (size_t)1));
+}
+
 /* Blocks of positions 0 .. n_tokens-1 of layer, every kv-head: shadow -> device. */
 static int layer_upload(CudaKvCache *c, int layer, Error *err)
 {
@@ -258,20 +273,28 @@ static int layer_upload(CudaKvCache *c, int layer, Error *err)
 	if (!c->f32 && bb != kvstore_block_bytes(c->shadow, layer))
 		return error_set(err, -EINVAL, "layer %d: GPU blocks of %zu bytes, host blocks of %zu",
 				 layer, bb, kvstore_block_bytes(c->shadow, layer));
-	_cleanup_(freep) float *buf = c->f32 ? malloc(bb) : NULL;
-	if (c->f32 && !buf)
+	_cleanup_(freep) uint8_t *buf = malloc(run_blocks(bb, n_blocks) * bb);
+	if (!buf)
 		return error_set(err, -ENOMEM, "out of memory");
 	for (int h = 0; h < s->n_kv_heads; h++)
-		for (int64_t b = 0; b < n_blocks; b++) {
-			const void *src = buf;
-			if (c->f32)
-				f32_block_copy(c, layer, h, b, buf, true);
-			else if (!(src = kvstore_block(c->shadow, layer, h, b)))
-				return error_set(err, -EINVAL, "layer %d kv-head %d: block %lld missing",
-						 layer, h, (long long)b);
-			int r = cuda_kv_block_write(c->layers[layer], 0, h, b, src, bb);
+		for (int64_t b0 = 0; b0 < n_blocks;) {
+			int64_t n = run_blocks(bb, n_blocks - b0);
+			for (int64_t i = 0; i < n; i++) {
+				uint8_t *dst = buf + i * bb;
+				const void *src;
+				if (c->f32)
+					f32_block_copy(c, layer, h, b0 + i, (float *)dst, true);
+				else if ((src = kvstore_block(c->shadow, layer, h, b0 + i)))
+					memcpy(dst, src, bb);
+				else
+					return error_set(err, -EINVAL,
+							 "layer %d kv-head %d: block %lld missing", layer,
+							 h, (long long)(b0 + i));
+			}
+			int r = cuda_kv_blocks_write(c->layers[layer], 0, h, b0, n, buf, n * bb);
 			if (r)
 				return error_set(err, r, "layer %d: block upload failed", layer);
+			b0 += n;
 		}
 	return 0;
 }
@@ -286,18 +309,23 @@ static int layer_download(CudaKvCache *c, int layer)
 	if (!c->layers[layer])
 		return -EIO; /* tokens in every layer, yet this one was never appended to */
 	size_t bb = cuda_kv_block_bytes(c->layers[layer]);
-	_cleanup_(freep) uint8_t *buf = malloc(bb);
+	_cleanup_(freep) uint8_t *buf = malloc(run_blocks(bb, n_blocks) * bb);
 	if (!buf)
 		return -ENOMEM;
 	for (int h = 0; h < s->n_kv_heads; h++)
-		for (int64_t b = 0; b < n_blocks; b++) {
-			int r = cuda_kv_block_read(c->layers[layer], 0, h, b, buf, bb);
-			if (!r && c->f32)
-				f32_block_copy(c, layer, h, b, (float *)buf, false);
-			else if (!r)
-				r = kvstore_block_put(c->shadow, layer, h, b, buf, bb);
+		for (int64_t b0 = 0; b0 < n_blocks;) {
+			int64_t n = run_blocks(bb, n_blocks - b0);
+			int r = cuda_kv_blocks_read(c->layers[layer], 0, h, b0, n, buf, n * bb);
+			for (int64_t i = 0; !r && i < n; i++) {
+				uint8_t *blk = buf + i * bb;
+				if (c->f32)
+					f32_block_copy(c, layer, h, b0 + i, (float *)blk, false);
+				else
+					r = kvstore_block_put(c->shadow, layer, h, b0 + i, blk, bb);
+			}
 			if (r)
 				return r == -ENOMEM ? r : -EIO;
+			b0 += n;
 		}
 	return 0;
 }

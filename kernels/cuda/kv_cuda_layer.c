@@ -196,24 +196,27 @@ static uint8_t *block_ptr(const CudaKv *kv, int seq, int head, int64_t b)
 				    kv->p.block_bytes;
 }
 
-static bool block_ok(const CudaKv *kv, int seq, int head, int64_t b, size_t len)
+static bool blocks_ok(const CudaKv *kv, int seq, int head, int64_t b0, int64_t n, size_t len)
 {
-	return seq >= 0 && seq < kv->shape.n_seqs && head >= 0 && head < kv->p.n_kv_heads && b >= 0 &&
-	       b < kv->p.capacity_blocks && len == kv->p.block_bytes;
+	return seq >= 0 && seq < kv->shape.n_seqs && head >= 0 && head < kv->p.n_kv_heads &&
+	       b0 >= 0 && n >= 1 && n <= kv->p.capacity_blocks - b0 &&
+	       len / kv->p.block_bytes == (size_t)n && len % kv->p.block_bytes == 0;
 }
 
-int cuda_kv_block_read(const CudaKv *kv, int seq, int head, int64_t b, void *host, size_t len)
+int cuda_kv_blocks_read(const CudaKv *kv, int seq, int head, int64_t b0, int64_t n, void *host,
+			size_t len)
 {
-	if (!block_ok(kv, seq, head, b, len))
+	if (!blocks_ok(kv, seq, head, b0, n, len))
 		return -EINVAL;
-	return cuda_download(host, block_ptr(kv, seq, head, b), len);
+	return cuda_download(host, block_ptr(kv, seq, head, b0), len);
 }
 
-int cuda_kv_block_write(CudaKv *kv, int seq, int head, int64_t b, const void *host, size_t len)
+int cuda_kv_blocks_write(CudaKv *kv, int seq, int head, int64_t b0, int64_t n, const void *host,
+			 size_t len)
 {
-	if (!block_ok(kv, seq, head, b, len))
+	if (!blocks_ok(kv, seq, head, b0, n, len))
 		return -EINVAL;
-	return cuda_upload(block_ptr(kv, seq, head, b), host, len);
+	return cuda_upload(block_ptr(kv, seq, head, b0), host, len);
 }
 
 int cuda_kv_copy_seq(CudaKv *kv, int dst, int src)

@@ -48,7 +48,7 @@ static int compare_blocks(const KvCache *cpu, const CudaKv *gpu, int seq, int64_
 		for (int64_t b = 0; b * 32 < n_tok; b++) {
 			const uint8_t *want = kvstore_block(cpu, 0, h, b);
 			if (!want || bb != kvstore_block_bytes(cpu, 0) ||
-			    cuda_kv_block_read(gpu, seq, h, b, buf, bb)) {
+			    cuda_kv_blocks_read(gpu, seq, h, b, 1, buf, bb)) {
 				bad++;
 				continue;
 			}
