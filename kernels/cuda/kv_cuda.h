@@ -53,6 +53,7 @@ extern "C" {
 
 #define CUDA_KV_MAX_SEQS 64 /* sequences of one CudaKv (batch) */
 #define CUDA_KV_MAX_G 8     /* query heads per kv-head */
+#define CUDA_KV_MAX_ROWS 65535 /* query rows of one attend call: a grid dimension */
 #define CUDA_KV_BLOCK 32    /* tokens per block, as the CPU store */
 
 typedef struct CudaKv CudaKv;
@@ -107,8 +108,9 @@ int cuda_kv_append(CudaKv *kv, int seq, int64_t pos0, int64_t n_tok, const float
  * out (n_seqs, n_tok, n_heads * dim) = causal attention of q (same shape)
  * for sequences 0 .. n_seqs-1, token t of sequence s at position
  * pos0[s] + t (pos0 a host array; positions 0 .. pos0[s] + t must have
- * been appended). Device pointers; asynchronous. Returns 0, -EINVAL,
- * -ENOMEM (scratch) or -EIO.
+ * been appended). Device pointers; asynchronous. Returns 0, -EINVAL
+ * (also for more than CUDA_KV_MAX_ROWS rows n_seqs * n_tok: callers
+ * chunk prefill), -ENOMEM (scratch) or -EIO.
  */
 int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, const float *q,
 		   float *out);

@@ -251,6 +251,8 @@ int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, c
 		max_ctx = MAX(max_ctx, pos0[s] + n_tok);
 	}
 	const int64_t n_rows = (int64_t)n_seqs * n_tok;
+	if (n_rows > CUDA_KV_MAX_ROWS)
+		return -EINVAL;
 	const int64_t max_blocks = (max_ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
 
 	/* splits: enough thread blocks to fill the GPU about four times over */

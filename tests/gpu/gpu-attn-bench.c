@@ -83,6 +83,8 @@ static int bench_type(const char *spec, const long *ctxs, int n_ctx, const long 
 	KvPlan *plan = NULL;
 	KvCache *cpu = NULL;
 	CudaKv *gpu = NULL;
+	float *dk = NULL, *dv = NULL, *dq = NULL, *dout = NULL;
+	int status = 1;
 	if (kvplan_from_text(spec, 1, KV_HEADS, DIM, &plan, &err) ||
 	    kvcache_new_quant(&cs, plan, 1, &cpu, &err)) {
 		fprintf(stderr, "%s: %s\n", spec, err.msg);
@@ -101,7 +103,12 @@ static int bench_type(const char *spec, const long *ctxs, int n_ctx, const long 
 
 	/* fill sequence 0 from random device data, then copy it to the others */
 	size_t chunk = (size_t)FILL_CHUNK * KV_HEADS * DIM;
-	float *dk = cuda_alloc(chunk * sizeof(float)), *dv = cuda_alloc(chunk * sizeof(float));
+	dk = cuda_alloc(chunk * sizeof(float));
+	dv = cuda_alloc(chunk * sizeof(float));
+	if (!dk || !dv) {
+		fprintf(stderr, "%s: out of device memory for the fill\n", spec);
+		goto out;
+	}
 	double t0 = now_s();
 	for (long pos = 0; pos < max_ctx; pos += FILL_CHUNK) {
 		long n = max_ctx - pos < FILL_CHUNK ? max_ctx - pos : FILL_CHUNK;
@@ -114,13 +121,18 @@ static int bench_type(const char *spec, const long *ctxs, int n_ctx, const long 
 	char msg[256] = "";
 	if (cuda_sync(msg, sizeof(msg))) {
 		fprintf(stderr, "%s: fill: %s\n", spec, msg);
-		return 1;
+		goto out;
 	}
 	fprintf(stderr, "%s: filled %ld x %ld tokens in %.1f s (%.1f MiB on the device)\n", spec,
 		max_batch, max_ctx, now_s() - t0, cuda_kv_bytes(gpu) / 1048576.0);
 
 	size_t qn = (size_t)max_batch * HEADS * DIM;
-	float *dq = cuda_alloc(qn * sizeof(float)), *dout = cuda_alloc(qn * sizeof(float));
+	dq = cuda_alloc(qn * sizeof(float));
+	dout = cuda_alloc(qn * sizeof(float));
+	if (!dq || !dout) {
+		fprintf(stderr, "%s: out of device memory for the queries\n", spec);
+		goto out;
+	}
 	cuda_fill_random(dq, qn, 99, 1.0f);
 	double row_bytes = cuda_kv_row_bytes(gpu, false) + cuda_kv_row_bytes(gpu, true);
 
@@ -139,7 +151,7 @@ static int bench_type(const char *spec, const long *ctxs, int n_ctx, const long 
 					cuda_kv_attend(gpu, pos, (int)batches[b], 1, dq, dout);
 				if (cuda_sync(msg, sizeof(msg))) {
 					fprintf(stderr, "%s: attend: %s\n", spec, msg);
-					return 1;
+					goto out;
 				}
 				times[r] = (now_s() - start) / calls;
 			}
@@ -161,6 +173,8 @@ static int bench_type(const char *spec, const long *ctxs, int n_ctx, const long 
 			       peak > 0 ? 100.0 * gbs / peak : 0.0, speed);
 			fflush(stdout);
 		}
+	status = 0;
+out: /* a CudaKv of several GB must not outlive its type */
 	cuda_free(dq);
 	cuda_free(dout);
 	cuda_free(dk);
@@ -168,7 +182,7 @@ static int bench_type(const char *spec, const long *ctxs, int n_ctx, const long 
 	cuda_kv_free(gpu);
 	kvcache_free(cpu);
 	kvplan_free(plan);
-	return 0;
+	return status;
 }
 
 int main(int argc, char **argv)

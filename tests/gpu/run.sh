@@ -15,7 +15,7 @@
 #      t/s at depths 4096 and 32768, f16 and tq4 caches.
 # Results go to $OUT (default ./gpu-results): check.txt, kvcache-check.txt,
 # backend-check.txt, model-check.txt, bench.md, model-bench.txt, build.log,
-# device.txt.
+# device.txt, probe.txt. The benchmarks run only when every check passed.
 #
 # Usage: tests/gpu/run.sh [--check-only]
 # Environment: OUT, BUILD (build-gpu), TMPDIR (generated models, ~5 GB),
@@ -39,6 +39,10 @@ start=$(date +%s)
 if [ ! -f "$BUILD/build.ninja" ]; then
 	meson setup "$BUILD" --buildtype=release -Dcuda=enabled -Dcomponents=gpu -Dtests=false \
 		-Dgpu_archs="$arch" >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+else
+	# a build directory from another GPU has no kernels for this one
+	meson configure "$BUILD" -Dgpu_archs="$arch" >"$OUT/build.log" 2>&1 ||
+		{ cat "$OUT/build.log"; exit 1; }
 fi
 ninja -C "$BUILD" tests/gpu/test-gpu-kvattn tests/gpu/test-gpu-kvcache tests/gpu/test-gpu-backend \
 	tests/gpu/test-gpu-model \
@@ -46,6 +50,16 @@ ninja -C "$BUILD" tests/gpu/test-gpu-kvattn tests/gpu/test-gpu-kvcache tests/gpu
 	{ tail -50 "$OUT/build.log"; exit 1; }
 echo "built for sm_$arch in $(($(date +%s) - start)) s"
 LAB=$BUILD/tools/turbokv-lab/turbokv-lab
+
+# nvidia-smi answers even where the driver is older than this toolkit's
+# runtime; then every CUDA call fails, and that is not the kernels' fault.
+if ! "$BUILD/tests/gpu/test-gpu-kvattn" --probe >"$OUT/probe.txt" 2>&1; then
+	cat "$OUT/probe.txt"
+	echo "the CUDA runtime cannot use this GPU: driver $(nvidia-smi \
+		--query-gpu=driver_version --format=csv,noheader | head -1), toolkit:"
+	nvcc --version | tail -2
+	exit 77
+fi
 
 status=0
 # A program's last line counts its failures (tee hides its exit status).
@@ -73,8 +87,11 @@ check "GPU/CPU model" "$OUT/model-check.txt" "$BUILD/tests/gpu/test-gpu-model" \
 	"$GEN/smol-q4_0.gguf" "$GEN/q8_0.gguf" "$GEN/q4_k.gguf"
 echo "checks done at $(($(date +%s) - start)) s, status $status"
 
-if [ "${1:-}" != --check-only ]; then
-	"$BUILD/tests/gpu/gpu-attn-bench" 2>"$OUT/bench.log" | tee "$OUT/bench.md" || status=1
+# Benchmarks only of code that passed its checks: a broken kernel would
+# spend the rest of the device time.
+if [ "${1:-}" != --check-only ] && [ $status -eq 0 ]; then
+	"$BUILD/tests/gpu/gpu-attn-bench" >"$OUT/bench.md" 2>"$OUT/bench.log" || status=1
+	cat "$OUT/bench.md"
 	echo "attention benchmark done at $(($(date +%s) - start)) s"
 
 	# Llama-3-8B shapes, Q4_K weights (the 128256-token vocabulary included).
@@ -83,7 +100,8 @@ if [ "${1:-}" != --check-only ]; then
 	echo "8B model written at $(($(date +%s) - start)) s"
 	for kv in f16 tq4; do
 		"$LAB" bench --device cuda -m "$GEN/8b-q4_k.gguf" --kv $kv -p 2048 -n 64 -r 3 \
-			-d 4096,32768 --fill random 2>&1 | tee -a "$OUT/model-bench.txt" || status=1
+			-d 4096,32768 --fill random >"$OUT/model-bench-$kv.txt" 2>&1 || status=1
+		cat "$OUT/model-bench-$kv.txt" | tee -a "$OUT/model-bench.txt"
 	done
 	nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >>"$OUT/model-bench.txt" 2>&1 || true
 fi

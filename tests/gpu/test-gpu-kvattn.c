@@ -8,6 +8,8 @@
  *
  * Exits 77 (skipped) where there is no GPU, 1 on any mismatch. Plain C
  * without Check, so tests/gpu/run.sh can build it on a bare GPU machine.
+ * With --probe it only checks that the CUDA runtime can run a kernel
+ * here (run.sh's first step: a driver older than the toolkit fails it).
  */
 #include <math.h>
 #include <stdio.h>
@@ -35,7 +37,11 @@ typedef struct Shape {
 	int n_heads, n_kv_heads, dim;
 } Shape;
 
-static const Shape shapes[] = { { 8, 2, 64 }, { 12, 4, 128 } };
+/*
+ * GQA groups of 4 and 3 (the 4-head split kernels), 8 and 6 (the 8-head
+ * ones); head_dim 64, 128, 256 and 32: 2, 4, 8 and 1 value dims per lane.
+ */
+static const Shape shapes[] = { { 8, 2, 64 }, { 12, 4, 128 }, { 16, 2, 256 }, { 6, 1, 32 } };
 
 /* Rows < n_valid of every block of seq: GPU bytes against the CPU store's. Returns rows that differ. */
 static int compare_blocks(const KvCache *cpu, const CudaKv *gpu, int seq, int64_t n_tok)
@@ -165,12 +171,26 @@ static int check(const char *spec, const Shape *sh)
 	return failed;
 }
 
-int main(void)
+/* One allocation, one kernel, one copy back: 0, or 1 with CUDA's message. */
+static int probe(void)
+{
+	float *d = cuda_alloc(256 * sizeof(float)), h[256];
+	char msg[256] = "";
+	int r = !d || cuda_fill_random(d, 256, 1, 1.0f) || cuda_sync(msg, sizeof(msg)) ||
+		cuda_download(h, d, sizeof(h));
+	cuda_free(d);
+	printf("probe: %s\n", r ? (msg[0] ? msg : "a CUDA call failed") : "a kernel ran");
+	return r;
+}
+
+int main(int argc, char **argv)
 {
 	if (cuda_device_count() < 1) {
 		printf("no CUDA device: skipped\n");
 		return 77;
 	}
+	if (argc > 1 && strcmp(argv[1], "--probe") == 0)
+		return probe();
 	char name[128] = "";
 	int sms = 0;
 	double peak = 0.0;
