@@ -8,7 +8,6 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,16 +16,6 @@
 
 #define WARPS KVC_WARPS
 #define FULL_MASK 0xffffffffu
-
-static void set_msg(char *msg, size_t size, const char *fmt, ...)
-{
-	if (!msg || !size)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, size, fmt, ap);
-	va_end(ap);
-}
 
 /* ---- devices and plain memory ---- */
 
@@ -105,7 +94,8 @@ extern "C" int cuda_sync(char *msg, size_t msg_size)
 		e = cudaGetLastError();
 	if (e == cudaSuccess)
 		return 0;
-	set_msg(msg, msg_size, "CUDA: %s", cudaGetErrorString(e));
+	if (msg && msg_size)
+		snprintf(msg, msg_size, "CUDA: %s", cudaGetErrorString(e));
 	return -EIO;
 }
 
