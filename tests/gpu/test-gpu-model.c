@@ -21,8 +21,9 @@
  * (model_logits_diff, the same test the daemon runs at start-up).
  *
  * Usage: test-gpu-model MODEL.gguf...; exits 77 without a GPU, 1 if a
- * check fails. TKV_GPU_MODEL_KV=SPEC,SPEC... checks those KV types instead
- * of kv_specs. Plain C without Check, like the other tests/gpu programs.
+ * check fails. TKV_GPU_MODEL_KV='SPEC;SPEC...' checks those KV types
+ * instead of kv_specs (';' between them: a layer policy has commas). Plain
+ * C without Check, like the other tests/gpu programs.
  */
 #include <errno.h>
 #include <math.h>
@@ -43,7 +44,7 @@
 static const char *const kv_specs[] = { "f32", "tq5_nc:tq3.5_nc", "tq4", "q8_0" };
 #define MAX_SPECS 16
 
-/* The KV specs to check: TKV_GPU_MODEL_KV's comma-separated list (in buf), else kv_specs. Returns how many. */
+/* The KV specs to check: TKV_GPU_MODEL_KV's ';'-separated list (in buf), else kv_specs. Returns how many. */
 static int specs_wanted(const char **specs, char *buf, size_t size)
 {
 	const char *env = getenv("TKV_GPU_MODEL_KV");
@@ -54,7 +55,7 @@ static int specs_wanted(const char **specs, char *buf, size_t size)
 		return n;
 	}
 	snprintf(buf, size, "%s", env);
-	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < MAX_SPECS; t = strtok_r(NULL, ",", &save))
+	for (char *save = NULL, *t = strtok_r(buf, ";", &save); t && n < MAX_SPECS; t = strtok_r(NULL, ";", &save))
 		specs[n++] = t;
 	return n;
 }

@@ -21,7 +21,6 @@
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,29 +31,16 @@
 #include "engine/wtype_dequant.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 
-_Noreturn static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-	fflush(NULL);
-	fputs("cuda emulation: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	abort();
-}
-
 /* Abort unless rows r0 .. r0+nr-1 of w lie in device memory; what names the kernel. */
 static void check_weight_rows(const MatmulWeight *w, int64_t r0, int64_t nr, const char *what)
 {
 	size_t row_bytes = wtype_row_bytes(w->type, (uint64_t)w->cols);
 	if (r0 < 0 || nr < 1 || r0 + nr > w->rows || !row_bytes || w->row_stride < row_bytes)
-		die("%s: rows %lld .. %lld of a (%lld, %lld) %s weight with row stride %zu", what,
+		devmem_die("%s: rows %lld .. %lld of a (%lld, %lld) %s weight with row stride %zu", what,
 		    (long long)r0, (long long)(r0 + nr - 1), (long long)w->rows, (long long)w->cols,
 		    wtype_name(w->type), w->row_stride);
 	if (!wdq_is_float(w->type) && w->cols % WDQ_CHUNK)
-		die("%s: %lld columns are not whole chunks of %d", what, (long long)w->cols, WDQ_CHUNK);
+		devmem_die("%s: %lld columns are not whole chunks of %d", what, (long long)w->cols, WDQ_CHUNK);
 	devmem_check((const uint8_t *)w->data + (size_t)r0 * w->row_stride,
 		     (size_t)(nr - 1) * w->row_stride + row_bytes, what);
 }
@@ -97,7 +83,7 @@ int bcu_matvec(const MatmulWeight *w, const float *x, float *y, int n)
 	devmem_check(y, (size_t)n * (size_t)w->rows * sizeof(float), "bcu_matvec y");
 	float *wr = malloc((size_t)w->cols * sizeof(float));
 	if (!wr)
-		die("out of host memory");
+		devmem_die("out of host memory");
 	devmem_open();
 	for (int64_t r = 0; r < w->rows; r++) {
 		weight_row(w, r, wr);
@@ -135,12 +121,12 @@ int bcu_dequant_half(const MatmulWeight *w, int64_t r0, int64_t nr, void *dst)
 	check_weight_rows(w, r0, nr, "bcu_dequant_half weight");
 	devmem_check(dst, (size_t)nr * (size_t)w->cols * sizeof(tkv_half), "bcu_dequant_half dst");
 	if (!wdq_is_float(w->type) && (uintptr_t)dst % 16)
-		die("bcu_dequant_half: dst %p is not 16-byte aligned (the kernel stores 16 bytes at a time)", dst);
+		devmem_die("bcu_dequant_half: dst %p is not 16-byte aligned (the kernel stores 16 bytes at a time)", dst);
 	if ((uintptr_t)dst % 2)
-		die("bcu_dequant_half: dst %p is not 2-byte aligned", dst);
+		devmem_die("bcu_dequant_half: dst %p is not 2-byte aligned", dst);
 	float *wr = malloc((size_t)w->cols * sizeof(float));
 	if (!wr)
-		die("out of host memory");
+		devmem_die("out of host memory");
 	devmem_open();
 	tkv_half *out = dst;
 	for (int64_t i = 0; i < nr; i++) {
@@ -163,11 +149,11 @@ int bcu_embed(const MatmulWeight *emb, const int32_t *tokens, int64_t n, float *
 	devmem_check(tokens, (size_t)n * sizeof(int32_t), "bcu_embed tokens");
 	devmem_check(x, (size_t)n * (size_t)emb->cols * sizeof(float), "bcu_embed x");
 	if ((uintptr_t)x % sizeof(float))
-		die("bcu_embed: x %p is not float-aligned", (void *)x);
+		devmem_die("bcu_embed: x %p is not float-aligned", (void *)x);
 	devmem_open();
 	for (int64_t i = 0; i < n; i++) {
 		if (tokens[i] < 0 || tokens[i] >= emb->rows)
-			die("bcu_embed: token %d of an embedding of %lld rows: the kernel would read out of "
+			devmem_die("bcu_embed: token %d of an embedding of %lld rows: the kernel would read out of "
 			    "bounds", tokens[i], (long long)emb->rows);
 		weight_row(emb, tokens[i], x + i * emb->cols);
 	}
@@ -202,7 +188,7 @@ int bcu_rmsnorm(float *y, const float *x, const float *w, int64_t n, int64_t dim
 	devmem_check(y, bytes, "bcu_rmsnorm y");
 	devmem_check(w, (size_t)dim * sizeof(float), "bcu_rmsnorm w");
 	if (y != x && (const float *)y < x + n * dim && x < (const float *)y + n * dim)
-		die("bcu_rmsnorm: y %p overlaps x %p without being it", (void *)y, (const void *)x);
+		devmem_die("bcu_rmsnorm: y %p overlaps x %p without being it", (void *)y, (const void *)x);
 	devmem_open();
 	for (int64_t r = 0; r < n; r++) {
 		const float *xr = x + r * dim;

@@ -51,8 +51,7 @@ static int live_count;
 static int open_depth;     /* devmem_open() calls not yet closed */
 static struct sigaction old_segv;
 
-_Noreturn static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void die(const char *fmt, ...)
+void devmem_die(const char *fmt, ...)
 {
 	va_list ap;
 	fflush(NULL);
@@ -134,11 +133,11 @@ static void range_init(void)
 		}
 	}
 	if (!range)
-		die("cannot reserve address space for device memory: %s", strerror(errno));
+		devmem_die("cannot reserve address space for device memory: %s", strerror(errno));
 	struct sigaction sa = { .sa_sigaction = segv_handler, .sa_flags = SA_SIGINFO };
 	sigemptyset(&sa.sa_mask);
 	if (sigaction(SIGSEGV, &sa, &old_segv) < 0)
-		die("sigaction: %s", strerror(errno));
+		devmem_die("sigaction: %s", strerror(errno));
 	atexit(leak_report);
 }
 
@@ -152,14 +151,14 @@ static size_t mem_limit(void)
 	errno = 0;
 	unsigned long long v = strtoull(s, &end, 10);
 	if (errno || *end || s[0] == '-')
-		die("TKV_CUDA_EMUL_MEM_LIMIT=%s is not a byte count", s);
+		devmem_die("TKV_CUDA_EMUL_MEM_LIMIT=%s is not a byte count", s);
 	return v > SIZE_MAX ? SIZE_MAX : (size_t)v;
 }
 
 static void protect(DevAlloc *a, int prot)
 {
 	if (mprotect(a->base, a->span, prot) < 0)
-		die("mprotect of device memory at %p (%zu bytes): %s", (void *)a->base, a->span,
+		devmem_die("mprotect of device memory at %p (%zu bytes): %s", (void *)a->base, a->span,
 		    strerror(errno));
 }
 
@@ -202,7 +201,7 @@ void devmem_free(void *p, const char *what)
 	while (a && a->base != p)
 		a = a->next;
 	if (!a)
-		die("%s(%p): %s", what, p,
+		devmem_die("%s(%p): %s", what, p,
 		    devmem_in_range(p) ? "not the start of a live allocation (freed twice?)"
 				       : "host memory, not a device allocation");
 	if (a->prev)
@@ -216,7 +215,7 @@ void devmem_free(void *p, const char *what)
 	/* fresh PROT_NONE pages: the memory goes back, the addresses stay reserved */
 	if (mmap(a->base, a->span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
 		 0) == MAP_FAILED)
-		die("%s: cannot release %zu bytes at %p: %s", what, a->span, p, strerror(errno));
+		devmem_die("%s: cannot release %zu bytes at %p: %s", what, a->span, p, strerror(errno));
 	free(a);
 }
 
@@ -244,10 +243,10 @@ void devmem_check(const void *p, size_t bytes, const char *what)
 			continue;
 		if (bytes <= (size_t)(a->base + a->size - u))
 			return;
-		die("%s: %p .. +%zu bytes runs %zu bytes past the end of the %zu-byte device allocation at %p",
+		devmem_die("%s: %p .. +%zu bytes runs %zu bytes past the end of the %zu-byte device allocation at %p",
 		    what, p, bytes, bytes - (size_t)(a->base + a->size - u), a->size, (void *)a->base);
 	}
-	die("%s: %p .. +%zu bytes is not device memory (%s)", what, p, bytes,
+	devmem_die("%s: %p .. +%zu bytes is not device memory (%s)", what, p, bytes,
 	    devmem_in_range(p) ? "freed, or past the end of an allocation" : "a host pointer");
 }
 
@@ -257,7 +256,7 @@ void devmem_check_host(const void *p, size_t bytes, const char *what)
 	if (!bytes || !range)
 		return;
 	if (u < range + range_bytes && (uintptr_t)u + bytes > (uintptr_t)range)
-		die("%s: %p .. +%zu bytes should be host memory but is device memory", what, p, bytes);
+		devmem_die("%s: %p .. +%zu bytes should be host memory but is device memory", what, p, bytes);
 }
 
 void devmem_open(void)

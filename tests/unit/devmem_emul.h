@@ -49,6 +49,9 @@ void devmem_check(const void *p, size_t bytes, const char *what);
 /* Abort with a message naming what if [p, p + bytes), host memory by contract, touches device memory. */
 void devmem_check_host(const void *p, size_t bytes, const char *what);
 
+/* Print "cuda emulation: " and the message on stderr, then abort: an emulated GPU fault. */
+_Noreturn void devmem_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Make every live allocation readable and writable until the matching devmem_close(); nests. */
 void devmem_open(void);
 void devmem_close(void);
