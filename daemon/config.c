@@ -36,7 +36,8 @@ void config_usage(void)
 	printf("usage: turbokvd [OPTIONS]\n\n"
 	       "The turbokv inference daemon. Runs in the foreground; systemd supervises it.\n\n"
 	       "  --model PATH           GGUF model (default: the setup script's cache)\n"
-	       "  --kv SPEC              KV cache type (default " KV_DEFAULT_SPEC ")\n"
+	       "  --kv SPEC              KV cache type (default " KV_DEFAULT_SPEC ",\n"
+	       "                         on a GPU " KV_DEFAULT_SPEC_GPU ")\n"
 	       "  --device auto|cpu|cuda where the model runs (default auto: the GPU when there is\n"
 	       "                         one and this build has CUDA, else the CPU)\n"
 	       "  --threads N            engine threads (default: CPUs, at most 8)\n"
@@ -128,6 +129,7 @@ static int config_set(Config *c, Key key, const char *value, const char *where, 
 		if (kvspec_parse(value, &spec, &e) != 0)
 			return error_set(err, CONFIG_E_USAGE, "%s: bad KV spec '%s': %s", where, value, e.msg);
 		r = set_string(&c->kv_spec, value);
+		c->kv_spec_default = false;
 		break;
 	}
 	case KEY_DEVICE:
@@ -276,6 +278,7 @@ static int config_defaults(Config *c)
 	model_default_path(buf, sizeof(buf));
 	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, KV_DEFAULT_SPEC) < 0)
 		return -ENOMEM;
+	c->kv_spec_default = true;
 
 	/* The paths below come from the environment: a cut-off one would be another path. */
 	if (root || !(xdg = getenv("XDG_RUNTIME_DIR")) || !*xdg)

@@ -43,6 +43,7 @@
 typedef struct Config {
 	char *model_path;
 	char *kv_spec;          /* as given, checked by kvspec_parse() */
+	bool kv_spec_default;   /* kv_spec is KV_DEFAULT_SPEC, not given */
 	DeviceChoice device;
 	int threads;
 	int64_t ctx;            /* 0: the model's, at most 8192 */

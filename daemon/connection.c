@@ -164,7 +164,7 @@ static void connection_send_hello_reply(Connection *c, uint32_t version)
 	h.server_version = (char *)PACKAGE_VERSION;
 	h.model_name = m->model_name;
 	h.model_fingerprint = m->fingerprint;
-	h.kv_type = m->config->kv_spec;
+	h.kv_type = (char *)m->kv_spec; /* protobuf-c strings are not const; only read */
 	h.context_size = (uint32_t)m->n_ctx;
 	h.n_threads = (uint32_t)m->config->threads;
 	h.device = (char *)m->device_name;
@@ -186,7 +186,7 @@ static void connection_send_status(Connection *c, uint64_t id)
 	s.server_version = (char *)PACKAGE_VERSION;
 	s.model_name = m->model_name;
 	s.model_fingerprint = m->fingerprint;
-	s.kv_type = m->config->kv_spec;
+	s.kv_type = (char *)m->kv_spec; /* as above */
 	s.device = (char *)m->device_name;
 	s.context_size = (uint32_t)m->n_ctx;
 	s.n_threads = (uint32_t)m->config->threads;

@@ -274,9 +274,12 @@ static int manager_setup_kv(Manager *m)
 	Error err = { 0 };
 	int r;
 
-	r = kvplan_from_text(m->config->kv_spec, mc->n_layers, mc->n_kv_heads, mc->head_dim, &plan, &err);
+	m->kv_spec = m->config->kv_spec;
+	if (m->config->kv_spec_default && !backend_is_host(m->backend))
+		m->kv_spec = KV_DEFAULT_SPEC_GPU; /* the GPU kernels lack centered keys (+c) so far */
+	r = kvplan_from_text(m->kv_spec, mc->n_layers, mc->n_kv_heads, mc->head_dim, &plan, &err);
 	if (r != 0) {
-		log_error("--kv %s: %s", m->config->kv_spec, err.msg[0] ? err.msg : strerror(-r));
+		log_error("--kv %s: %s", m->kv_spec, err.msg[0] ? err.msg : strerror(-r));
 		return r < 0 ? r : -EINVAL;
 	}
 	m->kv_bits_per_value = kvplan_bits_per_value(plan);
@@ -292,7 +295,7 @@ static int manager_setup_kv(Manager *m)
 	KvCache *probe = NULL;
 	r = model_kvcache_new(m->model, plan, 0, KVSTORE_BLOCK_TOKENS, &probe, &err);
 	if (r != 0) {
-		log_error("--kv %s: %s", m->config->kv_spec, err.msg[0] ? err.msg : strerror(r < 0 ? -r : EINVAL));
+		log_error("--kv %s: %s", m->kv_spec, err.msg[0] ? err.msg : strerror(r < 0 ? -r : EINVAL));
 		return r < 0 ? r : -EINVAL;
 	}
 	kvcache_free(probe);
@@ -322,9 +325,9 @@ int manager_startup(Manager *m)
 
 	char desc[256];
 	model_describe(m->model, desc, sizeof(desc));
-	log_info("model %s (%s), kv %s, context %lld, %d threads on %s", m->model_name, desc, cfg->kv_spec,
+	log_info("model %s (%s), kv %s, context %lld, %d threads on %s", m->model_name, desc, m->kv_spec,
 		 (long long)m->n_ctx, cfg->threads, m->device_name);
-	(void)sd_notifyf(false, "READY=1\nSTATUS=Serving %s (kv %s, context %lld)", m->model_name, cfg->kv_spec,
+	(void)sd_notifyf(false, "READY=1\nSTATUS=Serving %s (kv %s, context %lld)", m->model_name, m->kv_spec,
 			 (long long)m->n_ctx);
 	return 0;
 }

@@ -262,7 +262,7 @@ static int session_save(Sessions *ss, Session *s)
 	if (fd < 0)
 		return log_error_errno(fd, "uid %u: cannot open the session directory: %m", (unsigned)s->uid);
 	file_name(s, file, sizeof(file));
-	int r = session_save_at(fd, file, s->state, ss->expect.fingerprint, m->config->kv_spec, &ss->hooks,
+	int r = session_save_at(fd, file, s->state, ss->expect.fingerprint, m->kv_spec, &ss->hooks,
 				&bytes, &err);
 	safe_close(fd);
 	if (r != 0) {
@@ -435,6 +435,24 @@ static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
 				 s->name, strerror(-fd));
 	file_name(s, file, sizeof(file));
 	int r = session_load_at(fd, file, &ss->expect, &st, &e);
+	if (r == SESSION_E_KV_TYPE) {
+		/*
+		 * Saved with another KV type (--kv changed, or a new default):
+		 * keep the conversation and compute its prompt again on next use;
+		 * the file is rewritten with this daemon's type after that.
+		 */
+		Error e2 = { 0 };
+		r = session_load_conversation_at(fd, file, &ss->expect, &st, &e2);
+		if (r == 0) {
+			safe_close(fd);
+			log_warning("uid %u: session '%s' was saved with another KV type (%s); its conversation "
+				    "is kept and its %zu tokens are computed again on next use",
+				    (unsigned)s->uid, s->name, e.msg, st->n_tokens);
+			session_set_state(ss, s, st);
+			return 0;
+		}
+		e = e2; /* damaged besides: say what */
+	}
 	if (r > 0) {
 		log_warning("uid %u: session '%s' cannot be loaded: %s (%s)", (unsigned)s->uid, s->name,
 			    session_error_name(r), e.msg);

@@ -24,6 +24,10 @@ typedef struct KvSide {
 	KvType type;           /* TQ: this side's seeds (and mask, once chosen) */
 	TqCodec *codec;        /* TQ only; NULL until an outlier mask is chosen */
 	KvAttnRows rows;       /* the stored rows as the attention kernels read them */
+	/* +c keys only (kvtype.h) */
+	float *center;         /* (d,) mu; zeros until center_chosen */
+	float *first_keys;     /* (BT, d) the keys of block 0 (positions 0..31), exact */
+	bool center_chosen;
 } KvSide;
 
 typedef struct KvHead {
@@ -101,6 +105,9 @@ static int side_codec_new(KvSide *s, KvRole role, Error *err)
 static void side_free(KvSide *s)
 {
 	s->codec = tq_codec_free(s->codec);
+	free(s->center);
+	free(s->first_keys);
+	s->center = s->first_keys = NULL;
 }
 
 static KvAttnFormat attn_format(KvFormat f)
@@ -120,6 +127,12 @@ static int side_init(KvSide *s, const KvType *t, uint64_t seed, int layer, int h
 		     Error *err)
 {
 	s->type = *t;
+	if (t->centered) {
+		s->center = calloc_array((size_t)t->dim, sizeof(float));
+		s->first_keys = calloc_array((size_t)BT * t->dim, sizeof(float));
+		if (!s->center || !s->first_keys)
+			return error_set(err, -ENOMEM, "out of memory");
+	}
 	if (!side_is_tq(s)) {
 		if (kv_attn_rows_init(&s->rows, attn_format(t->format), t->dim) < 0)
 			return error_set(err, KVSTORE_E_PLAN, "layer %d: row shape the kernels cannot read",
@@ -183,6 +196,8 @@ static int check_plan(const KvCacheShape *shape, const KvPlan *plan, Error *err)
 				return error_set(err, KVSTORE_E_PLAN, "layer %d: TQ dim %d", l,
 						 ty->tq.dim);
 		}
+		if (t->v.centered)
+			return error_set(err, KVSTORE_E_PLAN, "layer %d: +c on values (keys only)", l);
 		if (t->v.format == KV_FORMAT_TQ && (t->v.tq.flags & TQ_FLAG_QJL))
 			return error_set(err, KVSTORE_E_PLAN,
 					 "layer %d: QJL on values (values are averaged, not ranked)", l);
@@ -299,6 +314,37 @@ int kvstore_tq_desc_put(KvCache *kv, int layer, int head, KvRole role, const TqD
 	return r;
 }
 
+int kvstore_key_center(const KvCache *kv, int layer, int head, bool *ret_chosen, float *center,
+		       float *first_keys)
+{
+	const KvSide *s = &store_of(kv)->layers[layer].heads[head].k;
+	if (!s->type.centered)
+		return KVSTORE_E_NO_DESC;
+	*ret_chosen = s->center_chosen;
+	memcpy(center, s->center, (size_t)s->type.dim * sizeof(float));
+	memcpy(first_keys, s->first_keys, (size_t)BT * s->type.dim * sizeof(float));
+	return 0;
+}
+
+int kvstore_key_center_put(KvCache *kv, int layer, int head, bool chosen, const float *center,
+			   const float *first_keys)
+{
+	KvSide *s = &store_of(kv)->layers[layer].heads[head].k;
+	int d = s->type.dim;
+	if (!s->type.centered)
+		return KVSTORE_E_NO_DESC;
+	for (int i = 0; i < d; i++)
+		if (!isfinite(center[i]) || (!chosen && center[i] != 0.0f))
+			return -EINVAL;
+	for (int i = 0; i < BT * d; i++)
+		if (!isfinite(first_keys[i]))
+			return -EINVAL;
+	memcpy(s->center, center, (size_t)d * sizeof(float));
+	memcpy(s->first_keys, first_keys, (size_t)BT * d * sizeof(float));
+	s->center_chosen = chosen;
+	return 0;
+}
+
 size_t kvstore_bytes_allocated(const KvCache *kv)
 {
 	return store_of(kv)->bytes_allocated;
@@ -406,8 +452,60 @@ int kvstore_choose_outliers(KvCache *kv, int layer, int64_t n_tok, const float *
 	return 0;
 }
 
-static void side_store(const KvSide *side, const float *x, uint8_t *ret)
+/*
+ * The +c key sides of layer (kvtype.h), before any row of an append is
+ * stored: the append's keys at positions 0..31 go to the exact copy of
+ * block 0, and once position 31 is there, a side without mu takes the
+ * mean of positions 1..31. Returns 0 or -EINVAL (that mean is not
+ * finite; nothing chosen).
+ */
+static int keep_first_keys(KvLayer *L, int n_kv_heads, int d, int64_t pos0, int64_t n_tok,
+			   const float *k)
 {
+	size_t row = (size_t)n_kv_heads * d;
+	for (int h = 0; h < n_kv_heads; h++) {
+		KvSide *side = &L->heads[h].k;
+		if (!side->type.centered)
+			continue;
+		for (int64_t t = 0; t < n_tok && pos0 + t < BT; t++)
+			memcpy(side->first_keys + (pos0 + t) * d, k + (size_t)t * row + (size_t)h * d,
+			       (size_t)d * sizeof(float));
+		if (side->center_chosen || pos0 + n_tok < BT)
+			continue;
+		for (int i = 0; i < d; i++) {
+			double sum = 0;
+			for (int p = 1; p < BT; p++)
+				sum += side->first_keys[(size_t)p * d + i];
+			float mu = (float)(sum / (BT - 1));
+			if (!isfinite(mu)) {
+				memset(side->center, 0, (size_t)d * sizeof(float));
+				return -EINVAL;
+			}
+			side->center[i] = mu;
+		}
+		side->center_chosen = true;
+	}
+	return 0;
+}
+
+/*
+ * Row x at position pos into its stored form at ret. A +c side stores
+ * x - mu, and in block 0 (kept exact by keep_first_keys) a zero vector.
+ */
+static void side_store(const KvSide *side, int64_t pos, const float *x, uint8_t *ret)
+{
+	float centered[TQ_MAX_DIM];
+	if (side->type.centered) {
+		int d = side->type.dim;
+		if (pos < BT) {
+			memset(centered, 0, (size_t)d * sizeof(float));
+		} else {
+			assert(side->center_chosen);
+			for (int i = 0; i < d; i++)
+				centered[i] = x[i] - side->center[i];
+		}
+		x = centered;
+	}
 	if (side_is_tq(side))
 		tq_encode(side->codec, x, ret);
 	else
@@ -425,7 +523,8 @@ static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 
 	if (n_tok == 0)
 		return 0;
-	if ((r = kvstore_choose_outliers(kv, layer, n_tok, k, v)))
+	if ((r = kvstore_choose_outliers(kv, layer, n_tok, k, v)) ||
+	    (r = keep_first_keys(L, kv->shape.n_kv_heads, d, pos0, n_tok, k)))
 		return r;
 	for (int h = 0; h < kv->shape.n_kv_heads; h++) {
 		KvHead *H = &L->heads[h];
@@ -436,8 +535,8 @@ static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 				return -ENOMEM;
 			const float *kx = k + (size_t)t * row + (size_t)h * d;
 			const float *vx = v + (size_t)t * row + (size_t)h * d;
-			side_store(&H->k, kx, b + (size_t)(p % BT) * L->k_bytes);
-			side_store(&H->v, vx, b + BT * L->k_bytes + (size_t)(p % BT) * L->v_bytes);
+			side_store(&H->k, p, kx, b + (size_t)(p % BT) * L->k_bytes);
+			side_store(&H->v, p, vx, b + BT * L->k_bytes + (size_t)(p % BT) * L->v_bytes);
 		}
 	}
 	return 0;
@@ -471,6 +570,7 @@ typedef struct AttendScratch {
 	TqQuery *tqq;     /* tq_query_prepare() output */
 	float *scores;    /* (group, BT) */
 	float *ml;        /* (3, group): running max, sum, correction */
+	float *qmu;       /* (group,) +c keys: <q, mu> / sqrt(d) */
 } AttendScratch;
 
 static void scratch_free(AttendScratch *sc)
@@ -479,6 +579,7 @@ static void scratch_free(AttendScratch *sc)
 	free(sc->tqq);
 	free(sc->scores);
 	free(sc->ml);
+	free(sc->qmu);
 	*sc = (AttendScratch){ 0 };
 }
 
@@ -508,12 +609,42 @@ static int store_scratch_reserve(KvStore *s, int nth, int G)
 		sc->tqq = malloc(sizeof(TqQuery));
 		sc->scores = malloc_array((size_t)G * BT, sizeof(float));
 		sc->ml = malloc_array((size_t)G * 3, sizeof(float));
-		if (!sc->q || !sc->tqq || !sc->scores || !sc->ml) {
+		sc->qmu = malloc_array((size_t)G, sizeof(float));
+		if (!sc->q || !sc->tqq || !sc->scores || !sc->ml || !sc->qmu) {
 			store_scratch_free(s);
 			return -ENOMEM;
 		}
 	}
 	return 0;
+}
+
+/*
+ * +c keys (kvtype.h): the scores, for the G query heads q (G, d), of the
+ * rows of block b that the kernel scored from stored codes. Block 0 is
+ * scored from its exact keys, <q, k_p> / sqrt(d), over the kernel's zero
+ * rows; later blocks hold k - mu, so qmu[g] = <q_g, mu> / sqrt(d) goes
+ * back on (same frame as block 0). Neither depends on when mu was chosen,
+ * so a prompt gives the same scores however it was split into appends.
+ */
+static void centered_scores(const KvSide *ks, const float *q, int G, int64_t b, int nj, float scale,
+			    const float *qmu, float *scores, int stride)
+{
+	int d = ks->type.dim;
+	for (int g = 0; g < G; g++) {
+		float *sg = scores + (size_t)g * stride;
+		if (b > 0) {
+			for (int p = 0; p < nj; p++)
+				sg[p] += qmu[g];
+			continue;
+		}
+		for (int p = 0; p < nj; p++) {
+			const float *kp = ks->first_keys + (size_t)p * d;
+			float sum = 0.0f;
+			for (int i = 0; i < d; i++)
+				sum += q[(size_t)g * d + i] * kp[i];
+			sg[p] = sum * scale;
+		}
+	}
 }
 
 /* q (d,) of one query head into the stored domain of keys, then the kernel's form. */
@@ -550,9 +681,16 @@ static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h,
 		m[g] = -INFINITY;
 		l[g] = 0.0f;
 	}
-	for (int g = 0; g < G && b0 < b1; g++)
-		query_prepare(&H->k, j->q + ((size_t)t * sh->n_heads + (size_t)h * G + g) * d, sc->tqq,
-			      &sc->q[g]);
+	const float *qt = j->q + ((size_t)t * sh->n_heads + (size_t)h * G) * d; /* (G, d) */
+	for (int g = 0; g < G && b0 < b1; g++) {
+		query_prepare(&H->k, qt + (size_t)g * d, sc->tqq, &sc->q[g]);
+		if (H->k.type.centered) {
+			float sum = 0.0f;
+			for (int i = 0; i < d; i++)
+				sum += qt[(size_t)g * d + i] * H->k.center[i];
+			sc->qmu[g] = sum * scale;
+		}
+	}
 
 	size_t blk_bytes = BT * (L->k_bytes + L->v_bytes);
 	for (int64_t b = b0; b < b1; b++) {
@@ -568,6 +706,8 @@ static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h,
 				__builtin_prefetch(H->blocks[b + 1] + off, 0, 3);
 		/* scores: each key row read once for all query heads */
 		j->scores(&H->k.rows, sc->q, G, blk, nj, scale, sc->scores, BT);
+		if (H->k.type.centered)
+			centered_scores(&H->k, qt, G, b, nj, scale, sc->qmu, sc->scores, BT);
 		/* online softmax: rescale what came before to the new running max */
 		j->softmax(sc->scores, BT, G, nj, m, l, corr);
 		for (int g = 0; g < G; g++)

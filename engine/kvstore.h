@@ -54,8 +54,20 @@
  * layer (the prompt's first batch) and kept from then on, rewinds
  * included. Until then kvstore_tq_desc() returns KVSTORE_E_NO_DESC.
  *
+ * == Centered keys ("+c", kvtype.h) ==
+ *
+ * A +c key side keeps an f32 copy of the keys of block 0 (replaced
+ * whenever those positions are appended again) and stores zero vectors in
+ * their rows; it chooses mu from that copy when position 31 is appended
+ * and keeps it, rewinds included. Rows of later positions store k - mu.
+ * Attention scores block 0 from the copy, <q, k_p> in f32, and adds
+ * <q, mu> / sqrt(d) to the kernel's scores of later blocks: every score is
+ * in the frame of the exact keys, whether or not mu was chosen when the
+ * query came, so a prompt split into appends differently gets the same
+ * floats. kvstore_key_center() returns mu and the copy for session files.
+ *
  * kvcache_append() on this cache returns 0, -ENOMEM, or -EINVAL when the
- * rows an outlier mask is chosen from are not finite.
+ * rows an outlier mask or a mu is chosen from are not finite.
  *
  * == Attention ==
  *
@@ -164,6 +176,24 @@ int kvstore_tq_desc_put(KvCache *kv, int layer, int head, KvRole role, const TqD
  */
 int kvstore_choose_outliers(KvCache *kv, int layer, int64_t n_tok, const float *k,
 			    const float *v);
+
+/*
+ * A +c key side (kvtype.h) of (layer, head): its mu into center
+ * (head_dim floats), the exact keys of block 0 into first_keys
+ * (KVSTORE_BLOCK_TOKENS * head_dim floats, positions not stored yet
+ * unspecified), *ret_chosen false while mu is not chosen (center all zero
+ * then). Returns 0 or KVSTORE_E_NO_DESC (not a +c key side).
+ */
+int kvstore_key_center(const KvCache *kv, int layer, int head, bool *ret_chosen, float *center,
+		       float *first_keys);
+
+/*
+ * Session restore: install what kvstore_key_center() returned. Returns 0,
+ * KVSTORE_E_NO_DESC (not a +c key side) or -EINVAL (a value not finite,
+ * or a center that is not all zero while not chosen).
+ */
+int kvstore_key_center_put(KvCache *kv, int layer, int head, bool chosen, const float *center,
+			   const float *first_keys);
 
 /* Bytes of K/V blocks allocated now, all layers and heads (codecs and scratch excluded). */
 size_t kvstore_bytes_allocated(const KvCache *kv);

@@ -53,11 +53,41 @@ static int tq_type_from_name(const char *name, KvRole role, int dim, KvType *t, 
 	return 0;
 }
 
+/* The type without the "+c" suffix: every format but +c itself. */
+static int plain_type_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err);
+
 int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
+{
+	assert(name);
+	size_t n = strlen(name);
+	if (n < 2 || strcmp(name + n - 2, "+c") != 0)
+		return plain_type_from_name(name, role, dim, ret, err);
+
+	char base[KVTYPE_NAME_MAX];
+	if (n - 2 >= sizeof(base))
+		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%s' (too long)", name);
+	memcpy(base, name, n - 2);
+	base[n - 2] = '\0';
+	if (strlen(base) >= 2 && strcmp(base + strlen(base) - 2, "+c") == 0)
+		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%s': +c twice", name);
+	if (role == KV_ROLE_V)
+		return error_set(err, KVTYPE_E_ROLE,
+				 "V type '%s': +c (centered keys) is for keys only; values are "
+				 "not compared with each other, use '%s'",
+				 name, base);
+	KvType t;
+	int r = plain_type_from_name(base, role, dim, &t, err);
+	if (r)
+		return r;
+	t.centered = true;
+	*ret = t;
+	return 0;
+}
+
+static int plain_type_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
 {
 	KvType t;
 
-	assert(name);
 	if (dim < 1 || dim > KVTYPE_MAX_DIM)
 		return error_set(err, KVTYPE_E_DIM, "KV type '%s': head_dim %d not in [1, %d]",
 				 name, dim, KVTYPE_MAX_DIM);
@@ -84,7 +114,7 @@ int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error 
 	if (!base || (suffix[0] != '\0' && strcmp(suffix, "+h") != 0))
 		return error_set(err, KVTYPE_E_UNKNOWN,
 				 "unknown KV type '%s' (known: f32, f16, q8_0, q4_0, each with "
-				 "optional +h, and tq<B>[.5][+qjl][_nc], B 1..8)",
+				 "optional +h, and tq<B>[.5][+qjl][_nc], B 1..8; keys may add +c)",
 				 name);
 	t = (KvType){ .format = base->format, .hadamard = suffix[0] != '\0', .dim = dim };
 	if ((t.format == KV_FORMAT_Q8_0 || t.format == KV_FORMAT_Q4_0) && dim % QK8_0 != 0)
@@ -102,20 +132,24 @@ void kvtype_name(const KvType *t, char *buf, size_t size)
 {
 	if (size == 0)
 		return;
+	const char *c = t->centered ? "+c" : "";
 	if (t->format == KV_FORMAT_TQ) {
-		tq_desc_name(&t->tq, buf, size);
+		char tq[KVTYPE_NAME_MAX];
+		tq_desc_name(&t->tq, tq, sizeof(tq));
+		snprintf(buf, size, "%s%s", tq, c);
 		return;
 	}
 	const char *base = "?";
 	for (size_t i = 0; i < ARRAY_SIZE(base_names); i++)
 		if (base_names[i].format == t->format)
 			base = base_names[i].name;
-	snprintf(buf, size, "%s%s", base, t->hadamard ? "+h" : "");
+	snprintf(buf, size, "%s%s%s", base, t->hadamard ? "+h" : "", c);
 }
 
 bool kvtype_equal(const KvType *a, const KvType *b)
 {
-	if (a->format != b->format || a->hadamard != b->hadamard || a->dim != b->dim)
+	if (a->format != b->format || a->hadamard != b->hadamard || a->centered != b->centered ||
+	    a->dim != b->dim)
 		return false;
 	return a->format != KV_FORMAT_TQ || tq_desc_equal(&a->tq, &b->tq);
 }

@@ -43,6 +43,28 @@
  * f32+h and f16+h are accepted too (nearly lossless; they exercise that
  * path without quantization error).
  *
+ * == +c: centered keys (keys only; any format: "tq4_nc+c", "q4_0+h+c") ==
+ *
+ * The keys of one (layer, kv-head) share a large common part (on
+ * SmolLM2-135M the mean key carries about half of their energy), and a
+ * quantizer's error grows with the norm of what it stores. Softmax
+ * ignores a constant added to all scores of a query, and
+ *   <q, k_p - mu> = <q, k_p> - <q, mu>      (the same constant for every p),
+ * so a +c side stores k_p - mu instead of k_p: attention is unchanged but
+ * for the smaller error. Scores are <q, k~_p - mu> + <q, mu>, the frame of
+ * the exact keys, so that they do not depend on when mu was chosen.
+ *   - Block 0 (positions 0..31) is kept exact: its keys are stored as f32
+ *     beside the blocks and scored as <q, k_p> in f32 (their rows hold
+ *     codes of zero vectors, never read). Position 0 is the attention
+ *     sink, a key unlike the rest (short, pointing away from mu) that many
+ *     heads attend to most: centering would lengthen it.
+ *   - mu (d floats) is the mean of the keys at positions 1..31, chosen
+ *     when position 31 is stored and kept from then on (rewinds
+ *     included). A fixed set of positions, so the stored bytes do not
+ *     depend on how a prompt is split into appends.
+ * Cost: 33 d floats per (layer, kv-head) per cache, not per token (8.4 KB
+ * at d = 64); bits per value count tokens and are those without +c.
+ *
  * == Spec grammar (`--kv SPEC`) ==
  *
  *   spec     := pair ( ',' override )*
@@ -59,6 +81,7 @@
  *                                 layers 0, 1, 28, 29 at q8_0, the rest
  *                                 tq3.5 keys and tq3 values
  *   "tq4+qjl:tq4,5=f16:q8_0"      layer 5 only: f16 keys, q8_0 values
+ *   "tq4_nc+c:tq3_nc"             centered tq4_nc keys, tq3_nc values
  * No spaces. Ranges are checked against the layer count at resolve time
  * (a range that is out of range or empty there is an error, never
  * clamped). Type names are case-sensitive (lower case).
@@ -80,7 +103,7 @@
 /* Module error codes (positive; -errno for system errors). */
 enum {
 	KVTYPE_E_UNKNOWN = 1, /* not a KV type name */
-	KVTYPE_E_ROLE,        /* a key-only type (+qjl) given for values */
+	KVTYPE_E_ROLE,        /* a key-only type (+qjl, +c) given for values */
 	KVTYPE_E_DIM,         /* the type cannot store vectors of this head_dim */
 	KVTYPE_E_SYNTAX,      /* the spec does not follow the grammar */
 	KVTYPE_E_RANGE,       /* a layer range outside the model, or empty */
@@ -88,11 +111,14 @@ enum {
 
 /*
  * The daemon's default KV type, chosen by measurement (docs/benchmarks.md,
- * "Issue 5: fidelity"): tq5 keys and tq3.5 values, norm-corrected, 4.5
- * bits per value like q4_0+h, with a 25% lower mean KLD against f32.
+ * "Issue 5: fidelity" and "Centered keys"): tq5 keys, centered (+c), and
+ * tq3.5 values, norm-corrected, 4.5 bits per value like q4_0+h.
  * Keys get the bits because their errors pass through the softmax.
+ * KV_DEFAULT_SPEC_GPU is the default where the cache lives on a GPU: the
+ * same without +c, which the CUDA kernels do not have yet.
  */
-#define KV_DEFAULT_SPEC "tq5_nc:tq3.5_nc"
+#define KV_DEFAULT_SPEC "tq5_nc+c:tq3.5_nc"
+#define KV_DEFAULT_SPEC_GPU "tq5_nc:tq3.5_nc"
 
 typedef enum KvFormat {
 	KV_FORMAT_F32 = 0,
@@ -111,6 +137,7 @@ typedef enum KvRole {
 typedef struct KvType {
 	KvFormat format;
 	bool hadamard; /* +h: stored vectors are R x (not for TQ) */
+	bool centered; /* +c (keys only): stored vectors are x - mu, position 0 kept exact */
 	int dim;       /* head_dim d */
 	TqDesc tq;     /* KV_FORMAT_TQ only (tq.c's default seeds) */
 } KvType;
@@ -149,7 +176,7 @@ typedef struct KvPlan {
 /*
  * The type called name, for vectors of dim values stored as role.
  * Returns 0, KVTYPE_E_UNKNOWN (also for a malformed TQ name),
- * KVTYPE_E_ROLE (+qjl or +sqjl for values) or KVTYPE_E_DIM; err names
+ * KVTYPE_E_ROLE (+qjl, +sqjl or +c for values) or KVTYPE_E_DIM; err names
  * the token. *ret written only on success.
  */
 int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err);

@@ -60,11 +60,31 @@ static bool type_is_tq(const KvType *t)
 	return t->format == KV_FORMAT_TQ;
 }
 
-/* KV section bytes of one layer's entry: 4 + descriptor records. */
+/* Bytes of one centered-key record (session.h): state, reserved, mu, block 0's keys. */
+static size_t center_record_bytes(int head_dim)
+{
+	return 8 + (1 + (size_t)BT) * (size_t)head_dim * sizeof(float);
+}
+
+/* KV section bytes of one layer's entry: 4 + descriptor and centered-key records. */
 static size_t kv_layer_entry_bytes(const KvLayerTypes *lt, int n_kv_heads)
 {
 	size_t per_head = (type_is_tq(&lt->k) + type_is_tq(&lt->v)) * (size_t)TQ_DESC_RECORD_BYTES;
+	if (lt->k.centered)
+		per_head += center_record_bytes(lt->k.dim);
 	return 4 + per_head * (size_t)n_kv_heads;
+}
+
+/* The K flags byte of a layer entry: bit 0 +h, bit 1 +c. */
+static uint8_t k_flags(const KvType *k)
+{
+	return (uint8_t)(k->hadamard | k->centered << 1);
+}
+
+/* The version a file of these layers has: 2 when a layer has centered keys, else 1. */
+static uint32_t file_version(bool centered)
+{
+	return centered ? SESSION_VERSION_CENTERED : SESSION_VERSION;
 }
 
 static size_t f32_block_bytes(int head_dim)
@@ -181,6 +201,7 @@ static void out_section_end(Out *o)
 /* Payload lengths of every section, checked against the caps. */
 typedef struct Layout {
 	bool f32;
+	bool centered;         /* a layer has +c keys: version 2 */
 	int n_layers, n_kv_heads, head_dim;
 	uint32_t n_kv, n_blocks;
 	uint64_t kv_len, tokens_len, messages_len;
@@ -227,6 +248,7 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 		KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32 }, .v = { .format = KV_FORMAT_F32 } };
 		const KvLayerTypes *lt = l->f32 ? &f32 : kvstore_layer_types(kv, i);
 		l->kv_len += kv_layer_entry_bytes(lt, sh->n_kv_heads);
+		l->centered |= lt->k.centered;
 		l->block_bytes[i] = l->f32 ? f32_block_bytes(sh->head_dim) : kvstore_block_bytes(kv, i);
 		l->layer_len[i] = 16 + (uint64_t)sh->n_kv_heads * l->n_blocks * l->block_bytes[i];
 	}
@@ -254,7 +276,7 @@ static void write_header(Out *o, const Layout *l, const SessionState *s, uint64_
 {
 	uint8_t h[SESSION_HEADER_BYTES] = { 0 };
 	memcpy(h, SESSION_MAGIC, 8);
-	put_le(h + 8, SESSION_VERSION, 4);
+	put_le(h + 8, file_version(l->centered), 4);
 	put_le(h + 12, SESSION_HEADER_BYTES, 4);
 	put_le(h + 16, fingerprint, 8);
 	put_le(h + 24, (uint64_t)l->n_layers, 4);
@@ -284,9 +306,9 @@ static int write_kv_section(Out *o, const Layout *l, const SessionState *s, cons
 			continue;
 		}
 		const KvLayerTypes *lt = kvstore_layer_types(kv, i);
-		uint8_t t[4] = { (uint8_t)lt->k.format, lt->k.hadamard, (uint8_t)lt->v.format, lt->v.hadamard };
+		uint8_t t[4] = { (uint8_t)lt->k.format, k_flags(&lt->k), (uint8_t)lt->v.format, lt->v.hadamard };
 		out_put(o, t, 4);
-		for (int h = 0; h < l->n_kv_heads; h++)
+		for (int h = 0; h < l->n_kv_heads; h++) {
 			for (int role = 0; role < 2; role++) {
 				if (!type_is_tq(role == 0 ? &lt->k : &lt->v))
 					continue;
@@ -298,6 +320,22 @@ static int write_kv_section(Out *o, const Layout *l, const SessionState *s, cons
 							 i, h);
 				out_put(o, rec, sizeof(rec));
 			}
+			if (lt->k.centered) {
+				size_t d = (size_t)l->head_dim, n = (1 + BT) * d;
+				_cleanup_(freep) float *cs = malloc_array(n, sizeof(float));
+				bool chosen;
+				if (!cs)
+					return error_set(err, -ENOMEM, "out of memory");
+				kvstore_key_center(kv, i, h, &chosen, cs, cs + d);
+				out_u32(o, chosen);
+				out_u32(o, 0);
+				for (size_t x = 0; x < n; x++) {
+					uint32_t bits;
+					memcpy(&bits, &cs[x], 4);
+					out_u32(o, bits);
+				}
+			}
+		}
 	}
 	out_section_end(o);
 	return 0;
@@ -490,12 +528,13 @@ int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err)
 	if (len < SESSION_HEADER_BYTES)
 		return error_set(err, SESSION_E_TRUNCATED, "%zu bytes: shorter than the header", len);
 	uint32_t version = (uint32_t)get_le(h + 8, 4);
-	if (version != SESSION_VERSION)
-		return error_set(err, SESSION_E_VERSION, "version %u; this build reads version %u", version,
-				 SESSION_VERSION);
+	if (version != SESSION_VERSION && version != SESSION_VERSION_CENTERED)
+		return error_set(err, SESSION_E_VERSION, "version %u; this build reads versions %u and %u",
+				 version, SESSION_VERSION, SESSION_VERSION_CENTERED);
 	if ((uint32_t)get_le(h + 60, 4) != crc32c(h, 60))
 		return error_set(err, SESSION_E_HEADER, "header checksum mismatch");
 	SessionHeader r = {
+		.version = version,
 		.fingerprint = get_le(h + 16, 8),
 		.n_layers = (uint32_t)get_le(h + 24, 4),
 		.n_kv_heads = (uint32_t)get_le(h + 28, 4),
@@ -506,7 +545,7 @@ int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err)
 	};
 	uint32_t hsize = (uint32_t)get_le(h + 12, 4), n_sections = (uint32_t)get_le(h + 44, 4);
 	if (hsize != SESSION_HEADER_BYTES || get_le(h + 56, 4) != 0)
-		return error_set(err, SESSION_E_HEADER, "header size %u or reserved field not as version 1 says",
+		return error_set(err, SESSION_E_HEADER, "header size %u or reserved field not as the format says",
 				 hsize);
 	if (r.n_layers < 1 || r.n_layers > KVSPEC_MAX_LAYERS || r.n_kv_heads < 1 || r.n_kv_heads > 4096 ||
 	    r.head_dim < 1 || r.head_dim > TQ_MAX_DIM || n_sections != 3 + r.n_layers)
@@ -563,12 +602,41 @@ static KvLayerTypes plan_layer(const SessionExpect *e, int i)
 	return f32;
 }
 
+/* One centered-key record of (layer, head) at *p into kv; *p moves past it. */
+static int read_center(const uint8_t **p, KvCache *kv, uint32_t n_kv, int layer, int head,
+		       Error *err)
+{
+	size_t d = (size_t)kv->shape.head_dim, n = (1 + BT) * d;
+	const uint8_t *q = *p;
+	uint32_t chosen = (uint32_t)get_le(q, 4);
+	/* positions past block 0 are stored centered: their mu must be there */
+	if (chosen > 1 || get_le(q + 4, 4) != 0 || (!chosen && n_kv > BT))
+		return error_set(err, SESSION_E_KV_SECTION,
+				 "layer %d head %d: centered-key state %u with %u tokens", layer, head,
+				 chosen, n_kv);
+	_cleanup_(freep) float *cs = malloc_array(n, sizeof(float));
+	if (!cs)
+		return error_set(err, -ENOMEM, "out of memory");
+	for (size_t x = 0; x < n; x++) {
+		uint32_t bits = (uint32_t)get_le(q + 8 + 4 * x, 4);
+		memcpy(&cs[x], &bits, 4);
+	}
+	int r = kvstore_key_center_put(kv, layer, head, chosen, cs, cs + d);
+	if (r != 0)
+		return error_set(err, SESSION_E_KV_SECTION,
+				 "layer %d head %d: a centered-key mean or key not finite%s", layer,
+				 head, chosen ? "" : ", or a mean before one was chosen");
+	*p += center_record_bytes((int)d);
+	return 0;
+}
+
 /*
  * The KV section: kind, spec, seed and per-layer formats must match the
  * plan before the cache is built; then every TQ descriptor is installed
  * (kvstore_tq_desc_put checks it against the plan and the seed).
  */
-static int read_kv(In *in, const SessionExpect *e, KvCache **ret_kv, Error *err)
+static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCache **ret_kv,
+		   Error *err)
 {
 	int n_layers = e->shape.n_layers, n_heads = e->shape.n_kv_heads;
 	uint64_t expect = 16;
@@ -607,12 +675,17 @@ static int read_kv(In *in, const SessionExpect *e, KvCache **ret_kv, Error *err)
 	if (kind == 0 && seed != 0)
 		return error_set(err, SESSION_E_KV_SECTION, "KV section: a seed for the f32 cache");
 	p += 16 + spec_len;
+	bool centered = false;
 	for (int i = 0; i < n_layers; i++) {
 		KvLayerTypes lt = plan_layer(e, i);
-		if (p[0] != lt.k.format || p[1] != lt.k.hadamard || p[2] != lt.v.format || p[3] != lt.v.hadamard)
+		if (p[0] != lt.k.format || p[1] != k_flags(&lt.k) || p[2] != lt.v.format || p[3] != lt.v.hadamard)
 			return error_set(err, SESSION_E_KV_TYPE, "layer %d: saved with other K/V formats", i);
+		centered |= lt.k.centered;
 		p += kv_layer_entry_bytes(&lt, n_heads);
 	}
+	if (hd->version != file_version(centered))
+		return error_set(err, SESSION_E_KV_SECTION, "version %u with%s centered keys", hd->version,
+				 centered ? "" : "out");
 
 	_cleanup_(kvcache_freep) KvCache *kv = NULL;
 	r = e->plan ? kvcache_new_quant(&e->shape, e->plan, seed, &kv, err) : kvcache_new_f32(&e->shape, &kv);
@@ -623,7 +696,7 @@ static int read_kv(In *in, const SessionExpect *e, KvCache **ret_kv, Error *err)
 	for (int i = 0; i < n_layers && e->plan; i++) {
 		KvLayerTypes lt = plan_layer(e, i);
 		p += 4;
-		for (int h = 0; h < n_heads; h++)
+		for (int h = 0; h < n_heads; h++) {
 			for (int role = 0; role < 2; role++) {
 				if (!type_is_tq(role == 0 ? &lt.k : &lt.v))
 					continue;
@@ -641,6 +714,9 @@ static int read_kv(In *in, const SessionExpect *e, KvCache **ret_kv, Error *err)
 							 role ? 'V' : 'K', e2.msg);
 				p += TQ_DESC_RECORD_BYTES;
 			}
+			if (lt.k.centered && (r = read_center(&p, kv, hd->n_kv, i, h, err)) != 0)
+				return r;
+		}
 	}
 	*ret_kv = TAKE_PTR(kv);
 	return 0;
@@ -758,7 +834,9 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 	return 0;
 }
 
-int session_read(const void *data, size_t len, const SessionExpect *e, SessionState **ret, Error *err)
+/* session_read(), or with conversation_only session_read_conversation(). */
+static int read_file(const void *data, size_t len, const SessionExpect *e, bool conversation_only,
+		     SessionState **ret, Error *err)
 {
 	SessionHeader hd;
 	int r;
@@ -773,7 +851,7 @@ int session_read(const void *data, size_t len, const SessionExpect *e, SessionSt
 		return error_set(err, SESSION_E_MODEL, "saved for %u layers x %u kv-heads x %u, the model has %d x %d x %d",
 				 hd.n_layers, hd.n_kv_heads, hd.head_dim, e->shape.n_layers, e->shape.n_kv_heads,
 				 e->shape.head_dim);
-	if ((int64_t)hd.n_kv > e->shape.capacity)
+	if (!conversation_only && (int64_t)hd.n_kv > e->shape.capacity)
 		return error_set(err, SESSION_E_TOO_LARGE, "%u cached tokens, the context holds %lld", hd.n_kv,
 				 (long long)e->shape.capacity);
 	if (hd.file_bytes != len)
@@ -784,23 +862,47 @@ int session_read(const void *data, size_t len, const SessionExpect *e, SessionSt
 	if (!s)
 		return error_set(err, -ENOMEM, "out of memory");
 	In in = { .p = data, .len = len, .pos = SESSION_HEADER_BYTES };
-	if ((r = read_kv(&in, e, &s->kv, err)) != 0 || (r = read_tokens(&in, &hd, e, &s->tokens, err)) != 0)
+	const uint8_t *p;
+	uint64_t n;
+	/* conversation only: the KV and LAYER sections' checksums are checked, nothing else */
+	r = conversation_only ? in_section(&in, SESSION_SECTION_KV, UINT64_MAX, 1u << 30, SESSION_E_KV_SECTION,
+					   "KV section", &p, &n, err)
+			      : read_kv(&in, &hd, e, &s->kv, err);
+	if (r != 0)
+		return r;
+	if ((r = read_tokens(&in, &hd, e, &s->tokens, err)) != 0)
 		return r;
 	s->n_tokens = hd.n_tokens;
 	if ((r = read_messages(&in, s, err)) != 0)
 		return r;
-	for (int i = 0; i < e->shape.n_layers; i++)
-		if ((r = read_layer(&in, &hd, s->kv, i, err)) != 0)
+	for (int i = 0; i < e->shape.n_layers; i++) {
+		r = conversation_only ? in_section(&in, SESSION_SECTION_LAYER, UINT64_MAX, SESSION_MAX_FILE_BYTES,
+						   SESSION_E_BLOCKS, "LAYER section", &p, &n, err)
+				      : read_layer(&in, &hd, s->kv, i, err);
+		if (r != 0)
 			return r;
+	}
 	if (in.pos != len)
 		return error_set(err, SESSION_E_HEADER, "%zu bytes after the last section", len - in.pos);
-	kvcache_set_n_tokens(s->kv, hd.n_kv);
+	if (s->kv)
+		kvcache_set_n_tokens(s->kv, hd.n_kv);
 	*ret = TAKE_PTR(s);
 	return 0;
 }
 
-int session_load_at(int dir_fd, const char *file, const SessionExpect *expect, SessionState **ret,
-		    Error *err)
+int session_read(const void *data, size_t len, const SessionExpect *e, SessionState **ret, Error *err)
+{
+	return read_file(data, len, e, false, ret, err);
+}
+
+int session_read_conversation(const void *data, size_t len, const SessionExpect *e, SessionState **ret,
+			      Error *err)
+{
+	return read_file(data, len, e, true, ret, err);
+}
+
+static int load_file(int dir_fd, const char *file, const SessionExpect *expect, bool conversation_only,
+		     SessionState **ret, Error *err)
 {
 	struct stat st;
 	int fd = openat(dir_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -835,5 +937,17 @@ int session_load_at(int dir_fd, const char *file, const SessionExpect *expect, S
 		got += (size_t)n;
 	}
 	safe_close(fd);
-	return session_read(buf, got, expect, ret, err);
+	return read_file(buf, got, expect, conversation_only, ret, err);
+}
+
+int session_load_at(int dir_fd, const char *file, const SessionExpect *expect, SessionState **ret,
+		    Error *err)
+{
+	return load_file(dir_fd, file, expect, false, ret, err);
+}
+
+int session_load_conversation_at(int dir_fd, const char *file, const SessionExpect *expect,
+				 SessionState **ret, Error *err)
+{
+	return load_file(dir_fd, file, expect, true, ret, err);
 }

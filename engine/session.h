@@ -14,7 +14,8 @@
  *
  *   offset size field
  *   0      8    magic "TKVSESS\0"
- *   8      4    version, SESSION_VERSION = 1
+ *   8      4    version: SESSION_VERSION_CENTERED = 2 when a layer has
+ *               centered keys (+c), else SESSION_VERSION = 1
  *   12     4    header size, 64
  *   16     8    model fingerprint: gguf_fingerprint() of the model
  *   24     4    n_layers
@@ -43,10 +44,15 @@
  *   8      8    cache seed (kvstore_seed(); 0 for kind 0)
  *   16     S    spec text, not NUL-terminated
  *   then per layer (n_layers times):
- *          4    K format (KvFormat), K +h (0/1), V format, V +h
+ *          4    K format (KvFormat), K flags (bit 0 +h, bit 1 +c), V
+ *               format, V +h (0/1)
  *          then per kv-head h (n_kv_heads times): the 176-byte TqDesc
  *          record (tq.h) of h's K codec if K is TQ, then of V if V is TQ,
- *          seeds and outlier masks included
+ *          seeds and outlier masks included; then, if K is +c (kvtype.h),
+ *          8 + 132 head_dim bytes: u32 1 if mu is chosen else 0 (1
+ *          whenever n_kv > 32), u32 0, head_dim f32 mu (all zero while not
+ *          chosen), 32 x head_dim f32 keys of positions 0..31
+ *          (kvstore_key_center(); all finite)
  *   Kind 0 has every format f32 without +h.
  *
  * TOKENS (id 2): n_tokens x u32 token id, each < the model's vocabulary.
@@ -101,7 +107,8 @@
 #include "util.h"
 
 #define SESSION_MAGIC "TKVSESS"          /* 8 bytes with its NUL */
-#define SESSION_VERSION 1u
+#define SESSION_VERSION 1u          /* no layer with centered keys */
+#define SESSION_VERSION_CENTERED 2u /* version 1 plus centered-key records */
 #define SESSION_HEADER_BYTES 64u
 #define SESSION_SECTION_HEADER_BYTES 16u
 #define SESSION_MAX_TOKENS (1u << 24)
@@ -178,6 +185,7 @@ typedef struct SessionSaveHooks {
 
 /* Header fields, for listings (session_peek). */
 typedef struct SessionHeader {
+	uint32_t version;
 	uint64_t fingerprint;
 	uint32_t n_layers, n_kv_heads, head_dim;
 	uint32_t n_tokens, n_kv;
@@ -217,6 +225,22 @@ int session_read(const void *data, size_t len, const SessionExpect *expect, Sess
 /* Read file inside dir_fd whole (regular files only) and session_read() it. */
 int session_load_at(int dir_fd, const char *file, const SessionExpect *expect, SessionState **ret,
 		    Error *err);
+
+/*
+ * The conversation of a file whose cache this reader cannot take
+ * (session_read() said SESSION_E_KV_TYPE: saved with another KV type):
+ * the tokens and messages, checked as session_read() checks them, and no
+ * cache (ret->kv NULL), so the prompt is computed again when the
+ * conversation goes on. The header must still match the model, and every
+ * section's id, length and checksum is verified; the KV and LAYER
+ * payloads are not interpreted. Same returns as session_read().
+ */
+int session_read_conversation(const void *data, size_t len, const SessionExpect *expect,
+			      SessionState **ret, Error *err);
+
+/* session_load_at(), then session_read_conversation() of the bytes. */
+int session_load_conversation_at(int dir_fd, const char *file, const SessionExpect *expect,
+				 SessionState **ret, Error *err);
 
 /*
  * Check a header (magic, version, checksum, field ranges) without reading

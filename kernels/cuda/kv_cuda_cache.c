@@ -91,6 +91,10 @@ static int check_types(const CudaKvCache *c, Error *err)
 				return error_set(err, -EINVAL,
 						 "layer %d: the %s type has %d QJL rows, the GPU takes "
 						 "at most %d", l, side, ty->tq.qjl_m, KVK_MAX_QJL_M);
+			if (ty->centered) /* kernels without the mu and sink of kvstore.c */
+				return error_set(err, -EINVAL,
+						 "layer %d: centered keys (+c) run on the CPU only for "
+						 "now; drop the +c for the GPU", l);
 			if (ty->format != KV_FORMAT_TQ && ty->hadamard &&
 			    (s->head_dim & (s->head_dim - 1)))
 				return error_set(err, -EINVAL,

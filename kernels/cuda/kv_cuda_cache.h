@@ -42,8 +42,9 @@
  * types of plan with codec seeds derived from seed exactly as
  * kvcache_new_quant(shape, plan, seed) derives them. Every layer's block
  * memory (capacity tokens) is allocated or reserved here. Returns 0,
- * -EINVAL (a shape the GPU cannot take: head_dim not a multiple of 32 or
- * above 256, more than 8 query heads per kv-head, QJL rows above 256),
+ * -EINVAL (a shape or type the GPU cannot take: head_dim not a multiple
+ * of 32 or above 256, more than 8 query heads per kv-head, QJL rows above
+ * 256, centered keys "+c"),
  * -ENODEV, -ENOMEM (device memory: err says how much) or a kvstore.h /
  * tq.h code, with err set. *ret written only on success.
  */

@@ -6,10 +6,10 @@
  * seed corpus (3 layers, 4 query heads, 2 kv-heads of 64, vocabulary
  * 1000, capacity 256, fingerprint 0x0123456789abcdef; the corpus is
  * written by tests/unit/test-session.c with TKV_SESSION_CORPUS=DIR) under
- * the f32 cache, q8_0, tq4 and "tq4+qjl:tq3.5o". An input whose last
- * byte is odd gets its header and section checksums recomputed first
- * (walking the section lengths it claims), so that mutations also reach
- * the checks behind the CRCs.
+ * the f32 cache, q8_0, tq4, "tq4+qjl:tq3.5o" and "tq4_nc+c:tq3" (centered
+ * keys). An input whose last byte is odd gets its header and section
+ * checksums recomputed first (walking the section lengths it claims), so
+ * that mutations also reach the checks behind the CRCs.
  *
  * Promises checked for every input: the reader fails with a documented
  * code and a message, or returns a state whose counts agree (n_kv <=
@@ -108,11 +108,11 @@ static void check_state(const SessionState *s, const SessionExpect *e)
 
 int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {
-	static const char *const specs[] = { NULL, "q8_0", "tq4", "tq4+qjl:tq3.5o" };
-	static KvPlan *plans[4];
+	static const char *const specs[] = { NULL, "q8_0", "tq4", "tq4+qjl:tq3.5o", "tq4_nc+c:tq3" };
+	static KvPlan *plans[ARRAY_SIZE(specs)];
 	static bool ready;
 	if (!ready) {
-		for (int i = 1; i < 4; i++)
+		for (size_t i = 1; i < ARRAY_SIZE(specs); i++)
 			CHECK(kvplan_from_text(specs[i], NL, KVH, D, &plans[i], NULL) == 0);
 		ready = true;
 	}
@@ -123,7 +123,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 	if (size > 0 && (input[size - 1] & 1))
 		fix_crcs(data, size);
 
-	for (int i = 0; i < 4; i++) {
+	for (size_t i = 0; i < ARRAY_SIZE(specs); i++) {
 		SessionExpect e = {
 			.fingerprint = FP,
 			.shape = { .n_layers = NL, .n_heads = NH, .n_kv_heads = KVH, .head_dim = D, .capacity = CAP },

@@ -40,7 +40,7 @@
 #define SEED 7
 
 static const char *const specs[] = {
-	"f32", "tq4", "q8_0", KV_DEFAULT_SPEC, "tq4:q8_0,-1--1=tq3h16o:tq3.5o",
+	"f32", "tq4", "q8_0", KV_DEFAULT_SPEC_GPU, "tq4:q8_0,-1--1=tq3h16o:tq3.5o",
 };
 /* batch sizes: a prompt, a chunk, decode steps, a chunk crossing blocks, the final prefill */
 static const int batches[] = { 37, 64, 1, 1, 90, N_FINAL };
@@ -254,7 +254,17 @@ static int check_refusals(void)
 
 	KvCacheShape cs = { .n_layers = 1, .n_heads = N_HEADS, .n_kv_heads = N_KV_HEADS,
 			    .head_dim = DIM, .capacity = 64 };
-	int r = kvplan_from_text("tq3.5o", 1, N_KV_HEADS, DIM, &plan, &err);
+	/* centered keys: no GPU kernels yet, so a clear refusal rather than wrong scores */
+	int r = kvplan_from_text(KV_DEFAULT_SPEC, 1, N_KV_HEADS, DIM, &plan, &err);
+	if (!r)
+		r = cuda_kvcache_new(&cs, plan, SEED, &kv, &err);
+	bool said = strstr(err.msg, "+c") != NULL;
+	printf("%s refuse %s: %d (%s)\n", r == -EINVAL && said ? "ok  " : "FAIL", KV_DEFAULT_SPEC, r,
+	       err.msg);
+	failed |= r != -EINVAL || !said;
+	plan = kvplan_free(plan);
+
+	r = kvplan_from_text("tq3.5o", 1, N_KV_HEADS, DIM, &plan, &err);
 	if (!r)
 		r = cuda_kvcache_new(&cs, plan, SEED, &kv, &err);
 	int first = 0, second = 0;

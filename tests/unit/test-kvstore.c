@@ -33,6 +33,7 @@ static const char *const specs[] = {
 	"tq4+qjl:tq4", "tq3+sqjl:tq3", "tq3.5o", "tq4_nc",
 	"q8_0:tq3",
 	"tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
+	"tq4_nc+c:tq3", "q4_0+h+c:q8_0", "tq3+qjl+c:tq3.5o",
 };
 
 /* Cache contents for one check: k, v (n_layers, n, n_kv_heads * d); q (n, n_heads * d). */
@@ -72,12 +73,43 @@ static TqCodec *side_codec(const KvCache *kv, const KvType *t, int layer, int he
 }
 
 /*
+ * kvtype.h's mu of a +c key side, written out again: the mean in double
+ * of the keys k (n, d, stride) at positions 1..31, rounded to float.
+ * Checked bit for bit against what the cache chose, and its copy of the
+ * keys of block 0 against k.
+ */
+static void expect_center(const KvCache *kv, int layer, int head, const float *k, size_t stride,
+			  float *mu)
+{
+	enum { BT = KVSTORE_BLOCK_TOKENS };
+	int d = kv->shape.head_dim;
+	for (int i = 0; i < d; i++) {
+		double sum = 0;
+		for (int t = 1; t < BT; t++)
+			sum += k[(size_t)t * stride + (size_t)i];
+		mu[i] = (float)(sum / (BT - 1));
+	}
+	float got[TQ_MAX_DIM], first[BT * TQ_MAX_DIM];
+	bool chosen = false;
+	ck_assert_int_eq(kvstore_key_center(kv, layer, head, &chosen, got, first), 0);
+	ck_assert(chosen);
+	ck_assert_msg(memcmp(got, mu, (size_t)d * sizeof(float)) == 0, "layer %d head %d: mu differs",
+		      layer, head);
+	for (int t = 0; t < BT; t++)
+		ck_assert_msg(memcmp(first + t * d, k + (size_t)t * stride, (size_t)d * sizeof(float)) == 0,
+			      "layer %d head %d: position %d not kept exact", layer, head, t);
+}
+
+/*
  * Decode row p of one side of (layer, head) from its block into x (d,),
  * after checking the stored bytes against an independent encoding of src.
+ * A +c key side (mu given) stores src - mu, and zero vectors in block 0,
+ * whose keys the attention takes exact: x is src itself there.
  */
 static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, int layer, int head,
-		     KvRole role, int64_t p, const float *src, float *x)
+		     KvRole role, int64_t p, const float *src, const float *mu, float *x)
 {
+	int d = t->dim;
 	size_t kb = kvtype_vec_bytes(&kvstore_layer_types(kv, layer)->k);
 	size_t vb = kvtype_vec_bytes(t);
 	size_t bytes = role == KV_ROLE_K ? kb : vb;
@@ -85,18 +117,24 @@ static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, i
 	ck_assert_ptr_nonnull(blk);
 	size_t i = (size_t)(p % KVSTORE_BLOCK_TOKENS);
 	const uint8_t *row = role == KV_ROLE_K ? blk + i * kb : blk + KVSTORE_BLOCK_TOKENS * kb + i * vb;
+	float stored[TQ_MAX_DIM];
+	for (int c = 0; c < d; c++)
+		stored[c] = !mu ? src[c] : p < KVSTORE_BLOCK_TOKENS ? 0.0f : src[c] - mu[c];
 	uint8_t want[TQ_MAX_CODE_BYTES + 4 * TQ_MAX_DIM];
 	memset(want, 0, sizeof(want));
 	if (codec)
-		tq_encode(codec, src, want);
+		tq_encode(codec, stored, want);
 	else
-		kvquant_store(t, src, want);
+		kvquant_store(t, stored, want);
 	ck_assert_msg(memcmp(row, want, bytes) == 0, "layer %d head %d %c row %lld: stored bytes differ",
 		      layer, head, role == KV_ROLE_K ? 'K' : 'V', (long long)p);
 	if (codec)
 		tq_decode(codec, row, x);
 	else
 		kvquant_load(t, row, x);
+	if (mu)
+		for (int c = 0; c < d; c++)
+			x[c] = p < KVSTORE_BLOCK_TOKENS ? src[c] : x[c] + mu[c];
 }
 
 /* Exact attention in double of query qh (d,) over decoded rows 0..pos of one kv-head. */
@@ -157,9 +195,13 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 			for (int h = 0; h < KVH; h++) {
 				TqCodec *kc = lt->k.format == KV_FORMAT_TQ ? side_codec(kv, &lt->k, l, h, KV_ROLE_K) : NULL;
 				TqCodec *vc = lt->v.format == KV_FORMAT_TQ ? side_codec(kv, &lt->v, l, h, KV_ROLE_V) : NULL;
+				float mu[TQ_MAX_DIM] = { 0 };
+				if (lt->k.centered && pos0 + n >= KVSTORE_BLOCK_TOKENS)
+					expect_center(kv, l, h, k + h * d, row, mu);
 				for (int64_t p = 0; p < pos0 + n; p++) {
-					load_row(kv, &lt->k, kc, l, h, KV_ROLE_K, p, k + p * row + h * d, kd + p * d);
-					load_row(kv, &lt->v, vc, l, h, KV_ROLE_V, p, v + p * row + h * d, vd + p * d);
+					load_row(kv, &lt->k, kc, l, h, KV_ROLE_K, p, k + p * row + h * d,
+						 lt->k.centered ? mu : NULL, kd + p * d);
+					load_row(kv, &lt->v, vc, l, h, KV_ROLE_V, p, v + p * row + h * d, NULL, vd + p * d);
 				}
 				for (int64_t t = pos0; t < pos0 + n; t++)
 					for (int g = 0; g < G; g++) {
@@ -222,6 +264,8 @@ static void inputs_free(Inputs *in)
 
 /* Lengths after each batch: 40, 41, 64 (a block multiple), 65, 96 (one too). */
 static const int64_t batches[] = { 40, 1, 23, 1, 31 };
+/* +c: block 0 in three appends, mu chosen by the fourth; the bytes must not differ. */
+static const int64_t small_batches[] = { 1, 6, 20, 14, 55 };
 
 START_TEST(fused_equals_dequantized)
 {
@@ -240,6 +284,8 @@ START_TEST(fused_equals_dequantized)
 		ck_assert_ptr_null(kvstore_block(kv, 0, 0, 3));
 		kvcache_free(kv);
 	}
+	if (strstr(spec, "+c"))
+		kvcache_free(check_spec(spec, &in, small_batches, (int)ARRAY_SIZE(small_batches), 2, 0));
 	inputs_free(&in);
 }
 END_TEST
@@ -295,6 +341,72 @@ START_TEST(rejected_plans)
 	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 1, &kv, NULL), -EINVAL);
 	ck_assert_ptr_null(kv);
 	kvplan_free(plan);
+}
+END_TEST
+
+/*
+ * +c: a prompt appended whole, or in pieces attended as they come (the
+ * first before mu is chosen), gives bit-identical attention outputs, and
+ * the same bytes; and centering pays: with keys that share a large mean,
+ * tq3+c's attention error is well under tq3's.
+ */
+START_TEST(centered_split_invariant_and_better)
+{
+	Inputs in = random_inputs(test_seed() + 77);
+	const KvCacheShape *sh = &in.shape;
+	int d = sh->head_dim, H = sh->n_heads;
+	size_t row = (size_t)sh->n_kv_heads * d, qrow = (size_t)H * d;
+	enum { N = 40 };
+	static const int64_t pieces[] = { 5, 15, 20 }; /* mu is chosen in the third */
+	float *whole = malloc(sizeof(float) * N * qrow), *split = malloc(sizeof(float) * N * qrow);
+	ck_assert(whole && split);
+	KvPlan *plan = NULL;
+	ck_assert_int_eq(kvplan_from_text("tq3_nc+c:tq3", sh->n_layers, sh->n_kv_heads, d, &plan, NULL), 0);
+	KvCache *a = NULL, *b = NULL;
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &b, NULL), 0);
+	ck_assert_int_eq(kvcache_append(a, 0, 0, N, in.k, in.v), 0);
+	kvcache_attend(a, NULL, 0, 0, N, in.q, whole);
+	int64_t pos = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(pieces); i++) {
+		ck_assert_int_eq(kvcache_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row), 0);
+		kvcache_attend(b, NULL, 0, pos, pieces[i], in.q + pos * qrow, split + pos * qrow);
+		pos += pieces[i];
+		kvcache_set_n_tokens(b, pos);
+	}
+	ck_assert(memcmp(whole, split, sizeof(float) * N * qrow) == 0);
+	for (int64_t blk = 0; blk < 2; blk++)
+		ck_assert(memcmp(kvstore_block(a, 0, 1, blk), kvstore_block(b, 0, 1, blk),
+				 kvstore_block_bytes(a, 0)) == 0);
+	kvcache_free(a);
+	kvcache_free(b);
+	kvplan_free(plan);
+
+	/* keys with a large common part: the error of tq3 against tq3+c, f32 the truth */
+	for (size_t i = 0; i < (size_t)RN * row; i++)
+		in.k[i] += 4.0f * (float)((i % d) % 3) - 2.0f;
+	const char *specs3[] = { "f32", "tq3_nc:f32", "tq3_nc+c:f32" };
+	float *out[3];
+	for (int sidx = 0; sidx < 3; sidx++) {
+		ck_assert_int_eq(kvplan_from_text(specs3[sidx], sh->n_layers, sh->n_kv_heads, d, &plan, NULL), 0);
+		ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
+		out[sidx] = malloc(sizeof(float) * RN * qrow);
+		ck_assert_int_eq(kvcache_append(a, 0, 0, RN, in.k, in.v), 0);
+		kvcache_attend(a, NULL, 0, 0, RN, in.q, out[sidx]);
+		kvcache_free(a);
+		kvplan_free(plan);
+	}
+	double err[2] = { 0, 0 };
+	for (int sidx = 1; sidx < 3; sidx++)
+		for (size_t i = 32 * qrow; i < (size_t)RN * qrow; i++) /* past block 0, exact with +c */
+			err[sidx - 1] += pow(out[sidx][i] - out[0][i], 2);
+	fprintf(stderr, "attention error, keys with a common part: tq3 %.3g, tq3+c %.3g\n", err[0], err[1]);
+	ck_assert_msg(err[1] < 0.5 * err[0], "tq3+c %.3g, tq3 %.3g", err[1], err[0]);
+	for (int sidx = 0; sidx < 3; sidx++)
+		free(out[sidx]);
+	free(whole);
+	free(split);
+	inputs_free(&in);
 }
 END_TEST
 
@@ -525,6 +637,7 @@ static Suite *kvstore_suite(void)
 	tcase_add_test(tc, bytes_per_token_is_bits_per_value);
 	tcase_add_test(tc, rejected_plans);
 	tcase_add_test(tc, rewind_reuses_blocks);
+	tcase_add_test(tc, centered_split_invariant_and_better);
 	suite_add_tcase(s, tc);
 
 	TCase *tm = tcase_create("model");

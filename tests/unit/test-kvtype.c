@@ -144,6 +144,7 @@ START_TEST(test_spec_name_roundtrip)
 		"tq3.5:tq3,0-1=q8_0,-2--1=q8_0",
 		"tq4+qjl:tq4,5=f16:q8_0,-1=f32+h",
 		"q4_0+h,1--1=tq2.5",
+		"tq4_nc+c:tq3_nc,0=q4_0+h+c:f16",
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(texts); i++) {
 		KvSpec a, b;
@@ -192,6 +193,12 @@ START_TEST(test_spec_errors)
 		{ "tq4:tq3+qjl", 30, 64, KVTYPE_E_ROLE, "'tq3+qjl'" },
 		{ "tq3+sqjl", 30, 64, KVTYPE_E_ROLE, "'tq3+sqjl'" }, /* one type: V too */
 		{ "tq4,0=q8_0:tq4+qjl", 30, 64, KVTYPE_E_ROLE, "'tq4+qjl'" },
+		{ "tq4+c", 30, 64, KVTYPE_E_ROLE, "'tq4+c'" }, /* one type: V too */
+		{ "tq4:q8_0+c", 30, 64, KVTYPE_E_ROLE, "'q8_0+c'" },
+		{ "tq4+c+c:tq4", 30, 64, KVTYPE_E_UNKNOWN, "+c twice" },
+		{ "+c:tq4", 30, 64, KVTYPE_E_UNKNOWN, "empty KV type" },
+		{ "tq9+c:tq4", 30, 64, KVTYPE_E_UNKNOWN, "'tq9'" },
+		{ "q4_0+c+h:tq4", 30, 64, KVTYPE_E_UNKNOWN, "'q4_0+c+h'" },
 		{ "q8_0:q4_0:f16", 30, 64, KVTYPE_E_SYNTAX, "'q8_0:q4_0:f16'" },
 		{ "tq4,2=q8_0::f16", 30, 64, KVTYPE_E_SYNTAX, "more than one ':'" },
 		{ "q8_0:", 30, 64, KVTYPE_E_SYNTAX, "'q8_0:'" },
@@ -260,11 +267,20 @@ START_TEST(test_type_roles_and_names)
 	ck_assert_int_eq(kvtype_from_name("tq4+qjl", KV_ROLE_K, 64, &t, &err), 0);
 	ck_assert_int_eq(kvtype_from_name("tq4+qjl", KV_ROLE_V, 64, &t, &err), KVTYPE_E_ROLE);
 	ck_assert_ptr_nonnull(strstr(err.msg, "keys only"));
+	/* so is +c, on any format, and it changes nothing else */
+	ck_assert_int_eq(kvtype_from_name("tq4_nc+c", KV_ROLE_V, 64, &t, &err), KVTYPE_E_ROLE);
+	ck_assert_ptr_nonnull(strstr(err.msg, "keys only"));
+	KvType plain = type_ok("tq3.5o", KV_ROLE_K, 64), centered = type_ok("tq3.5o+c", KV_ROLE_K, 64);
+	ck_assert(centered.centered && !plain.centered && !kvtype_equal(&plain, &centered));
+	centered.centered = false;
+	ck_assert(kvtype_equal(&plain, &centered));
+	ck_assert_uint_eq(kvtype_vec_bytes(&plain), kvtype_vec_bytes(&centered));
 
 	static const char *const names[] = {
 		"f32", "f16", "q8_0", "q4_0", "f32+h", "f16+h", "q8_0+h", "q4_0+h",
 		"tq1", "tq2", "tq3", "tq4", "tq5", "tq6", "tq7", "tq8", "tq2.5", "tq3.5",
 		"tq4.5", "tq3+qjl", "tq4+sqjl", "tq3_nc", "tq3h16", "tq3.5o", "tq4+qjl_nc",
+		"f16+c", "q8_0+c", "q4_0+h+c", "tq4_nc+c", "tq3+qjl+c", "tq3.5o+c",
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
 		for (int dim = 64; dim <= 128; dim *= 2) {

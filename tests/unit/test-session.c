@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -149,6 +150,14 @@ static void assert_same_cache(KvCache *a, KvCache *b)
 					ck_assert(memcmp(x, y, rows * kb) == 0);
 					ck_assert(memcmp(x + 32 * kb, y + 32 * kb, rows * vb) == 0);
 				}
+				bool ca = false, cb = false;
+				float ma[33 * D], mb[33 * D];
+				int rc = kvstore_key_center(a, l, h, &ca, ma, ma + D);
+				ck_assert_int_eq(kvstore_key_center(b, l, h, &cb, mb, mb + D), rc);
+				if (rc == 0) {
+					ck_assert(ca == cb);
+					ck_assert(memcmp(ma, mb, sizeof(ma)) == 0);
+				}
 				for (int role = 0; role < 2; role++) {
 					TqDesc da, db;
 					int ra = kvstore_tq_desc(a, l, h, (KvRole)role, &da);
@@ -258,6 +267,7 @@ END_TEST
 
 static const char *const round_specs[] = {
 	NULL /* f32 cache */, "q8_0", "tq4", "tq3+qjl:tq3", "tq3.5o", "tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
+	"tq4_nc+c:tq3", "q4_0+h+c:q8_0,1=tq3.5o",
 };
 
 /* Bytes of a file by session.h's layout, computed from the spec here. */
@@ -269,6 +279,7 @@ static uint64_t expected_size(const KvPlan *plan, size_t spec_len, int64_t n_kv,
 		KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32, .dim = D }, .v = { .format = KV_FORMAT_F32, .dim = D } };
 		const KvLayerTypes *lt = plan ? &plan->layers[l] : &f32;
 		kv += 4 + (uint64_t)KVH * 176 * ((lt->k.format == KV_FORMAT_TQ) + (lt->v.format == KV_FORMAT_TQ));
+		kv += lt->k.centered ? (uint64_t)KVH * (8 + 4 * D + 32 * 4 * D) : 0; /* state, 0, mu, block 0 */
 		uint64_t block = 32 * (kvtype_vec_bytes(&lt->k) + kvtype_vec_bytes(&lt->v));
 		layers += 20 + 16 + KVH * blocks * block;
 	}
@@ -451,6 +462,7 @@ START_TEST(test_flip_every_byte)
 {
 	flip_all("q8_0", 1);
 	flip_all("tq4+qjl:tq3.5o", 1);
+	flip_all("tq4_nc+c:tq3", 1);
 	flip_all(NULL, 1);
 }
 END_TEST
@@ -511,6 +523,112 @@ START_TEST(test_mismatch)
 	ck_assert_ptr_null(r);
 	free(sm.data);
 	kvplan_free(sm.plan);
+}
+END_TEST
+
+/* Recompute the CRC of the section at start (after an edit that is not damage). */
+static void section_reseal(uint8_t *data, size_t start)
+{
+	uint64_t len;
+	memcpy(&len, data + start + 8, 8);
+	uint32_t crc = crc32c(data + start, 16 + (size_t)len);
+	memcpy(data + start + 16 + len, &crc, 4);
+}
+
+/*
+ * Centered keys: files with them are version 2, files without version 1,
+ * and a version that does not match the layers is refused, as is a mu
+ * "not chosen" while positions above 0 are stored, or one not finite.
+ */
+START_TEST(test_centered_records)
+{
+	Small sm;
+	small_make("tq4_nc+c:tq3", 40, &sm);
+	SessionExpect e = expect_of(sm.plan);
+	SessionState *r = NULL;
+	Error err = { 0 };
+	ck_assert_uint_eq(sm.data[8], SESSION_VERSION_CENTERED);
+	uint8_t *buf = malloc(sm.len);
+
+	memcpy(buf, sm.data, sm.len);
+	buf[8] = SESSION_VERSION;
+	uint32_t crc = crc32c(buf, 60);
+	memcpy(buf + 60, &crc, 4);
+	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
+	ck_assert_ptr_nonnull(strstr(err.msg, "centered"));
+
+	/* layer 0 head 0's record: after the spec, the 4 format bytes and K, V descriptors */
+	uint32_t spec_len;
+	memcpy(&spec_len, sm.data + sm.start[0] + 16 + 4, 4);
+	size_t rec = sm.start[0] + 16 + 16 + spec_len + 4 + 2 * 176;
+	uint32_t state;
+	memcpy(&state, sm.data + rec, 4);
+	ck_assert_uint_eq(state, 1);
+	memcpy(buf, sm.data, sm.len);
+	memset(buf + rec, 0, 4);
+	section_reseal(buf, sm.start[0]);
+	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
+	ck_assert_ptr_nonnull(strstr(err.msg, "state 0 with 40 tokens"));
+
+	memcpy(buf, sm.data, sm.len);
+	float nan = NAN;
+	memcpy(buf + rec + 8 + 4 * 3, &nan, 4); /* mu[3] */
+	section_reseal(buf, sm.start[0]);
+	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
+	ck_assert_ptr_nonnull(strstr(err.msg, "not finite"));
+	ck_assert_ptr_null(r);
+
+	/* and a file without centered keys stays version 1 */
+	Small plain;
+	small_make("tq4_nc:tq3", 40, &plain);
+	ck_assert_uint_eq(plain.data[8], SESSION_VERSION);
+	free(plain.data);
+	kvplan_free(plain.plan);
+	free(buf);
+	free(sm.data);
+	kvplan_free(sm.plan);
+}
+END_TEST
+
+/*
+ * A file saved with another KV type gives its conversation, no cache;
+ * its sections are still checked, and another model is still refused.
+ */
+START_TEST(test_conversation_only)
+{
+	uint64_t rng = test_seed() + 21;
+	KvPlan *plan = NULL, *other = NULL;
+	KvCache *kv = cache_filled("tq4", &plan, 50, &rng);
+	SessionState *s = state_new(kv, 53, &rng);
+	int dir = dir_open();
+	Error err = { 0 };
+	ck_assert_int_eq(session_save_at(dir, "conv.tkvs", s, FP, "tq4", NULL, NULL, &err), 0);
+	ck_assert_int_eq(kvplan_from_text("tq4_nc+c:tq3", NL, KVH, D, &other, NULL), 0);
+	SessionExpect e = expect_of(other);
+	SessionState *r = NULL;
+	ck_assert_int_eq(session_load_at(dir, "conv.tkvs", &e, &r, &err), SESSION_E_KV_TYPE);
+	ck_assert_msg(session_load_conversation_at(dir, "conv.tkvs", &e, &r, &err) == 0, "%s", err.msg);
+	ck_assert_ptr_null(r->kv);
+	ck_assert_uint_eq(r->n_tokens, 53);
+	ck_assert(memcmp(r->tokens, s->tokens, 53 * sizeof(int32_t)) == 0);
+	ck_assert_uint_eq(r->n_messages, 3);
+	ck_assert_str_eq(r->messages[2].text, s->messages[2].text);
+	session_state_free(r);
+	r = NULL;
+
+	size_t len;
+	uint8_t *data = file_read(dir, "conv.tkvs", &len);
+	data[len - 10] ^= 1; /* inside the last LAYER section */
+	ck_assert_int_eq(session_read_conversation(data, len, &e, &r, &err), SESSION_E_BLOCKS);
+	data[len - 10] ^= 1;
+	e.fingerprint ^= 1;
+	ck_assert_int_eq(session_read_conversation(data, len, &e, &r, &err), SESSION_E_MODEL);
+	ck_assert_ptr_null(r);
+	free(data);
+	kvplan_free(other);
+	kvplan_free(plan);
+	session_state_free(s);
+	close(dir);
 }
 END_TEST
 
@@ -577,6 +695,7 @@ START_TEST(test_write_corpus)
 	} seeds[] = {
 		{ NULL, "f32-5", 5 }, { "q8_0", "q8_0-33", 33 }, { "tq4", "tq4-40", 40 },
 		{ "tq4+qjl:tq3.5o", "tq4qjl-tq3.5o-10", 10 },
+		{ "tq4_nc+c:tq3", "tq4c-tq3-40", 40 },
 	};
 	if (!out)
 		return;
@@ -615,6 +734,8 @@ static Suite *session_suite(void)
 	tcase_add_test(tc, test_flip_every_byte);
 	tcase_add_test(tc, test_truncate_every_offset);
 	tcase_add_test(tc, test_mismatch);
+	tcase_add_test(tc, test_centered_records);
+	tcase_add_test(tc, test_conversation_only);
 	tcase_add_test(tc, test_enospc_keeps_old);
 	tcase_add_test(tc, test_not_a_file);
 	tcase_add_test(tc, test_write_corpus);

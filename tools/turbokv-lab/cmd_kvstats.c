@@ -14,7 +14,10 @@
  *         attention the model runs), compared per (token, query head)
  *         with the f32 output.
  * Errors do not propagate between layers here: every layer sees the f32
- * inputs (kld measures the end-to-end effect).
+ * inputs (kld measures the end-to-end effect). First, per layer, the share
+ * of the keys' energy that lies in their mean, ||mu||^2 / mean ||k||^2
+ * (positions 1..T-1, averaged over kv-heads): what centering (+c,
+ * kvtype.h) takes off the vectors a quantizer stores.
  */
 #include <getopt.h>
 #include <math.h>
@@ -158,19 +161,26 @@ static void capture_attend(void *ud, int layer, int64_t pos0, int64_t n_tok, con
 
 /*
  * Store and read back the rows x (T, n_kv_heads, d) of layer/role with
- * type t, accumulating the error into *acc. Returns 0 or -1.
+ * type t, accumulating the error into *acc; a +c side with the mu that kv
+ * chose when the rows were appended to it (block 0 is kept exact).
+ * Returns 0 or -1.
  */
-static int recon_error(const Capture *c, const KvType *t, int layer, KvRole role, int n_kv_heads,
-		       int rounds, ErrAcc *acc)
+static int recon_error(const Capture *c, const KvCache *kv, const KvType *t, int layer,
+		       KvRole role, int n_kv_heads, int rounds, ErrAcc *acc)
 {
 	const int d = t->dim;
 	const float *x = (role == KV_ROLE_K ? c->k : c->v) + (size_t)layer * c->T * c->kvdim;
 	_cleanup_(freep) uint8_t *code = malloc(kvtype_vec_bytes(t) + TQ_MAX_CODE_BYTES);
 	_cleanup_(freep) float *y = malloc((size_t)d * sizeof(float));
 	_cleanup_(freep) float *rows = malloc((size_t)c->T * d * sizeof(float));
-	if (!code || !y || !rows)
+	_cleanup_(freep) float *mu = calloc((1 + KVSTORE_BLOCK_TOKENS) * (size_t)d, sizeof(float)); /* mu, block 0 */
+	_cleanup_(freep) float *x_mu = malloc((size_t)d * sizeof(float));
+	if (!code || !y || !rows || !mu || !x_mu)
 		return -1;
 	for (int h = 0; h < n_kv_heads; h++) {
+		bool chosen = false;
+		if (t->centered && kvstore_key_center(kv, layer, h, &chosen, mu, mu + d) != 0)
+			return -1;
 		TqCodec *codec = NULL;
 		if (t->format == KV_FORMAT_TQ) {
 			TqDesc desc = t->tq;
@@ -194,18 +204,55 @@ static int recon_error(const Capture *c, const KvType *t, int layer, KvRole role
 		}
 		for (int64_t i = 0; i < c->T; i++) {
 			const float *row = x + i * c->kvdim + (size_t)h * d;
+			const float *in = row;
+			if (t->centered && i < KVSTORE_BLOCK_TOKENS) {
+				err_add(acc, row, row, d); /* kept exact */
+				continue;
+			}
+			if (t->centered) {
+				for (int j = 0; j < d; j++)
+					x_mu[j] = row[j] - mu[j];
+				in = x_mu;
+			}
 			if (codec) {
-				tq_encode(codec, row, code);
+				tq_encode(codec, in, code);
 				tq_decode(codec, code, y);
 			} else {
-				kvquant_store(t, row, code);
+				kvquant_store(t, in, code);
 				kvquant_load(t, code, y);
 			}
+			if (t->centered)
+				for (int j = 0; j < d; j++)
+					y[j] += mu[j];
 			err_add(acc, row, y, d);
 		}
 		tq_codec_free(codec);
 	}
 	return 0;
+}
+
+/* share (n_layers,): ||mu||^2 / mean ||k||^2 of each layer's keys, as in the header. */
+static void key_mean_share(const Capture *c, int n_layers, int n_kv_heads, int d, double *share)
+{
+	for (int l = 0; l < n_layers; l++) {
+		share[l] = 0;
+		if (c->T < 2)
+			continue;
+		for (int h = 0; h < n_kv_heads; h++) {
+			double energy = 0, mu2 = 0;
+			for (int i = 0; i < d; i++) {
+				double sum = 0;
+				for (int64_t t = 1; t < c->T; t++) {
+					double x = c->k[((size_t)l * c->T + t) * c->kvdim + (size_t)h * d + i];
+					sum += x;
+					energy += x * x;
+				}
+				double mu = sum / (double)(c->T - 1);
+				mu2 += mu * mu;
+			}
+			share[l] += energy > 0 ? mu2 / (energy / (double)(c->T - 1)) / n_kv_heads : 0;
+		}
+	}
 }
 
 typedef struct LayerStats {
@@ -240,8 +287,8 @@ static int spec_stats(const Model *m, ThreadPool *tp, const Capture *c, const ch
 		memset(&ls[l], 0, sizeof(ls[l]));
 		if (plan) {
 			const KvLayerTypes *lt = &plan->layers[l];
-			if (recon_error(c, &lt->k, l, KV_ROLE_K, cfg->n_kv_heads, rounds, &ls[l].k) < 0 ||
-			    recon_error(c, &lt->v, l, KV_ROLE_V, cfg->n_kv_heads, rounds, &ls[l].v) < 0)
+			if (recon_error(c, kv, &lt->k, l, KV_ROLE_K, cfg->n_kv_heads, rounds, &ls[l].k) < 0 ||
+			    recon_error(c, kv, &lt->v, l, KV_ROLE_V, cfg->n_kv_heads, rounds, &ls[l].v) < 0)
 				return -1;
 		}
 		size_t qat = (size_t)l * c->T * c->qdim;
@@ -369,8 +416,27 @@ int cmd_kvstats(int argc, char **argv)
 		}
 	}
 
-	if (o.common.json)
-		printf("{\"ctx\":%lld,\"types\":[", (long long)c.T);
+	{
+		_cleanup_(freep) double *share = calloc((size_t)cfg->n_layers, sizeof(double));
+		if (!share)
+			goto oom;
+		key_mean_share(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, share);
+		double mean = 0;
+		for (int l = 0; l < cfg->n_layers; l++)
+			mean += share[l] / cfg->n_layers;
+		if (o.common.json) {
+			printf("{\"ctx\":%lld,\"key_mean_share\":{\"mean\":%.4f,\"layers\":[", (long long)c.T,
+			       mean);
+			for (int l = 0; l < cfg->n_layers; l++)
+				printf("%s%.4f", l ? "," : "", share[l]);
+			printf("]},\"types\":[");
+		} else {
+			printf("keys' energy in their mean (what +c removes), per layer, mean %.2f:\n", mean);
+			for (int l = 0; l < cfg->n_layers; l++)
+				printf("%s%.2f", l % 15 ? " " : l ? "\n  " : "  ", share[l]);
+			printf("\n");
+		}
+	}
 	for (int i = 0; i < o.n_specs; i++) {
 		double bits = 0;
 		if (spec_stats(m, tp, &c, o.specs[i], o.rounds, ls, &bits) < 0) {
