@@ -91,7 +91,7 @@ static int check_types(const CudaKvCache *c, Error *err)
 				return error_set(err, -EINVAL,
 						 "layer %d: the %s type has %d QJL rows, the GPU takes "
 						 "at most %d", l, side, ty->tq.qjl_m, KVK_MAX_QJL_M);
-			if (ty->centered) /* kernels without the mu and sink of kvstore.c */
+			if (ty->centered) /* no kernels yet for kvstore.c's mu and exact block 0 */
 				return error_set(err, -EINVAL,
 						 "layer %d: centered keys (+c) run on the CPU only for "
 						 "now; drop the +c for the GPU", l);
