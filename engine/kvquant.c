@@ -181,7 +181,7 @@ void kvquant_hadamard(float *x, int d)
 
 bool kvquant_supports(const KvType *t)
 {
-	return t->format != KV_FORMAT_TQ;
+	return t->format != KV_FORMAT_TQ && t->format != KV_FORMAT_PK;
 }
 
 /* x (dim,) -> stored, no rotation. */
@@ -201,6 +201,7 @@ static void store_plain(const KvType *t, const float *x, void *ret)
 		kvquant_quantize_q4_0(x, t->dim, ret);
 		return;
 	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK:
 		break;
 	}
 	assert(!"kvquant: not a block type");
@@ -237,6 +238,7 @@ void kvquant_load(const KvType *t, const void *stored, float *ret)
 		kvquant_dequantize_q4_0(stored, t->dim, ret);
 		break;
 	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK:
 		return;
 	}
 	if (t->hadamard)
@@ -263,6 +265,7 @@ float kvquant_score(const KvType *t, const float *q_prepared, const void *k)
 	case KV_FORMAT_Q4_0:
 		return kvquant_score_q4_0(q_prepared, k, t->dim);
 	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK:
 		break;
 	}
 	assert(!"kvquant: not a block type");
@@ -285,6 +288,7 @@ void kvquant_axpy(const KvType *t, float a, const void *v, float *acc)
 		kvquant_axpy_q4_0(a, v, t->dim, acc);
 		return;
 	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK:
 		break;
 	}
 	assert(!"kvquant: not a block type");

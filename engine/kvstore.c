@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels/cpu/kv_attn.h"
+#include "kvpk.h"
 #include "kvquant.h"
 #include "kvstore.h"
 #include "rotation.h"
@@ -28,6 +29,14 @@ typedef struct KvSide {
 	float *center;         /* (d,) mu; zeros until center_chosen */
 	float *first_keys;     /* (BT, d) the keys of block 0 (positions 0..31), exact */
 	bool center_chosen;
+	/* pk keys only (kvpk.h) */
+	KvPk pk;
+	float *qe;             /* (BT, d/2) query energy per pair at positions 0..31 */
+	float *w;              /* (d/2) sum of qe over positions 1..31, once w_chosen */
+	bool w_chosen;
+	float *stage;          /* (stage_cap, d) keys of positions stage_pos.. */
+	int64_t stage_cap, stage_pos; /* stage_pos: a block start >= BT */
+	int64_t pk_blocks;     /* blocks 1..pk_blocks-1 are coded */
 } KvSide;
 
 typedef struct KvHead {
@@ -88,6 +97,27 @@ static bool side_is_tq(const KvSide *s)
 	return s->type.format == KV_FORMAT_TQ;
 }
 
+static bool side_is_pk(const KvSide *s)
+{
+	return s->type.format == KV_FORMAT_PK;
+}
+
+/*
+ * The first position the stage keeps between attentions: the last coded
+ * block stays exact too, so a rewind of up to 32 tokens (a chat turn
+ * re-rendered a little differently) codes nothing twice.
+ */
+static int64_t pk_keep_from(const KvSide *side)
+{
+	return MAX((int64_t)BT, (side->pk_blocks - 1) * BT);
+}
+
+/* The stage row of position p (stage_pos <= p). */
+static const float *pk_stage_row(const KvSide *side, int64_t p)
+{
+	return side->stage + (size_t)(p - side->stage_pos) * side->type.dim;
+}
+
 /* Build the codec of a TQ side whose descriptor is complete, and its kernel view. */
 static int side_codec_new(KvSide *s, KvRole role, Error *err)
 {
@@ -107,7 +137,10 @@ static void side_free(KvSide *s)
 	s->codec = tq_codec_free(s->codec);
 	free(s->center);
 	free(s->first_keys);
-	s->center = s->first_keys = NULL;
+	free(s->qe);
+	free(s->w);
+	free(s->stage);
+	s->center = s->first_keys = s->qe = s->w = s->stage = NULL;
 }
 
 static KvAttnFormat attn_format(KvFormat f)
@@ -118,6 +151,7 @@ static KvAttnFormat attn_format(KvFormat f)
 	case KV_FORMAT_Q8_0: return KV_ATTN_Q8_0;
 	case KV_FORMAT_Q4_0: return KV_ATTN_Q4_0;
 	case KV_FORMAT_TQ: break;
+	case KV_FORMAT_PK: break;
 	}
 	return KV_ATTN_TQ;
 }
@@ -132,6 +166,18 @@ static int side_init(KvSide *s, const KvType *t, uint64_t seed, int layer, int h
 		s->first_keys = calloc_array((size_t)BT * t->dim, sizeof(float));
 		if (!s->center || !s->first_keys)
 			return error_set(err, -ENOMEM, "out of memory");
+	}
+	if (side_is_pk(s)) {
+		s->qe = calloc_array((size_t)BT * t->dim / 2, sizeof(float));
+		s->w = calloc_array((size_t)t->dim / 2, sizeof(float));
+		s->pk_blocks = 1;
+		s->stage_pos = BT;
+		if (!s->qe || !s->w)
+			return error_set(err, -ENOMEM, "out of memory");
+		if (kvpk_init(&s->pk, t->dim, t->pk_bits, kvtype_vec_bytes(t)) < 0)
+			return error_set(err, KVSTORE_E_PLAN, "layer %d: pk type the codec cannot read",
+					 layer);
+		return 0;
 	}
 	if (!side_is_tq(s)) {
 		if (kv_attn_rows_init(&s->rows, attn_format(t->format), t->dim) < 0)
@@ -188,8 +234,11 @@ static int check_plan(const KvCacheShape *shape, const KvPlan *plan, Error *err)
 		const KvLayerTypes *t = &plan->layers[l];
 		for (int role = 0; role < 2; role++) {
 			const KvType *ty = role ? &t->v : &t->k;
+			if (ty->format == KV_FORMAT_PK && (role || !ty->centered))
+				return error_set(err, KVSTORE_E_PLAN, "layer %d: pk values", l);
 			if (ty->dim != shape->head_dim ||
-			    (ty->format != KV_FORMAT_TQ && !kvquant_supports(ty)))
+			    (ty->format != KV_FORMAT_TQ && ty->format != KV_FORMAT_PK &&
+			     !kvquant_supports(ty)))
 				return error_set(err, KVSTORE_E_PLAN, "layer %d: unsupported %s type",
 						 l, role ? "V" : "K");
 			if (ty->format == KV_FORMAT_TQ && ty->tq.dim != shape->head_dim)
@@ -342,6 +391,70 @@ int kvstore_key_center_put(KvCache *kv, int layer, int head, bool chosen, const 
 	memcpy(s->center, center, (size_t)d * sizeof(float));
 	memcpy(s->first_keys, first_keys, (size_t)BT * d * sizeof(float));
 	s->center_chosen = chosen;
+	return 0;
+}
+
+int kvstore_pk_state(const KvCache *kv, int layer, int head, int64_t n_kv, bool *ret_chosen,
+		     float *qe, float *w, float *tail)
+{
+	const KvSide *s = &store_of(kv)->layers[layer].heads[head].k;
+	int d = s->type.dim;
+	if (!side_is_pk(s))
+		return KVSTORE_E_NO_DESC;
+	int64_t whole = MAX(1, n_kv / BT);
+	if (s->pk_blocks < whole)
+		return -EAGAIN;
+	*ret_chosen = s->w_chosen;
+	memcpy(qe, s->qe, (size_t)BT * d / 2 * sizeof(float));
+	if (s->w_chosen)
+		memcpy(w, s->w, (size_t)d / 2 * sizeof(float));
+	else
+		memset(w, 0, (size_t)d / 2 * sizeof(float));
+	int64_t from = MAX((int64_t)BT, (whole - 1) * BT);
+	memset(tail, 0, (size_t)2 * BT * d * sizeof(float));
+	for (int64_t p = from; p < n_kv; p++)
+		memcpy(tail + (size_t)(p - from) * d, pk_stage_row(s, p), (size_t)d * sizeof(float));
+	return 0;
+}
+
+int kvstore_pk_put(KvCache *kv, int layer, int head, int64_t n_kv, bool chosen, const float *qe,
+		   const float *w, const float *tail)
+{
+	KvHead *H = &store_of(kv)->layers[layer].heads[head];
+	KvSide *s = &H->k;
+	int d = s->type.dim;
+	if (!side_is_pk(s))
+		return KVSTORE_E_NO_DESC;
+	int64_t whole = MAX(1, n_kv / BT);
+	if (!chosen && whole > 1)
+		return -EINVAL;
+	for (int i = 0; i < BT * d / 2; i++)
+		if (!isfinite(qe[i]) || qe[i] < 0)
+			return -EINVAL;
+	for (int i = 0; i < d / 2; i++)
+		if (!isfinite(w[i]) || w[i] < 0 || (!chosen && w[i] != 0))
+			return -EINVAL;
+	for (int i = 0; i < 2 * BT * d; i++)
+		if (!isfinite(tail[i]))
+			return -EINVAL;
+	for (int64_t b = 1; b < whole; b++)
+		if (b >= H->cap_blocks || !H->blocks[b] || !kvpk_block_coded(&s->pk, H->blocks[b]))
+			return -EINVAL;
+	int64_t from = MAX((int64_t)BT, (whole - 1) * BT), n_tail = n_kv - from;
+	if (n_tail > s->stage_cap) {
+		float *grown = realloc(s->stage, (size_t)2 * BT * d * sizeof(float));
+		if (!grown)
+			return -ENOMEM;
+		s->stage = grown;
+		s->stage_cap = 2 * BT;
+	}
+	memcpy(s->qe, qe, (size_t)BT * d / 2 * sizeof(float));
+	memcpy(s->w, w, (size_t)d / 2 * sizeof(float));
+	s->w_chosen = chosen;
+	s->pk_blocks = whole;
+	s->stage_pos = from;
+	if (n_tail > 0)
+		memcpy(s->stage, tail, (size_t)n_tail * d * sizeof(float));
 	return 0;
 }
 
@@ -512,6 +625,121 @@ static void side_store(const KvSide *side, int64_t pos, const float *x, uint8_t 
 		kvquant_store(&side->type, x, ret);
 }
 
+/*
+ * pk keys (kvpk.h): rows wait in the stage, exact, until their block is
+ * whole and the query energies are known; then pk_encode_ready() codes
+ * the block, and after the attention that read it exact the stage lets
+ * it go. A query always reads its own block from the stage, so its
+ * scores do not depend on how the prompt was split into appends.
+ * A rewind into the last coded block finds its rows still there (see
+ * pk_keep_from()); one into an earlier block puts that block's rows
+ * before pos0 back into the stage as they read from the codes (they are
+ * coded again, with the rest of the block, once it is whole).
+ */
+static int pk_stage(KvSide *side, const uint8_t *const *blocks, int64_t pos0, int64_t n_tok,
+		    const float *k, size_t row)
+{
+	int d = side->type.dim;
+	int64_t end = pos0 + n_tok;
+	if (pos0 < side->pk_blocks * BT) {
+		int64_t b = MAX(1, pos0 / BT);
+		if (b * BT < side->stage_pos && pos0 > b * BT) {
+			/* the block is coded: its first pos0 - b*BT rows come back from the codes */
+			if (side->stage_cap < BT) {
+				float *grown = realloc(side->stage, (size_t)BT * d * sizeof(float));
+				if (!grown)
+					return -ENOMEM;
+				side->stage = grown;
+				side->stage_cap = BT;
+			}
+			for (int t = 0; t < pos0 - b * BT; t++) {
+				float *y = side->stage + (size_t)t * d;
+				kvpk_decode_row(&side->pk, blocks[b], t, y);
+				for (int i = 0; i < d; i++)
+					y[i] += side->center[i];
+			}
+			side->stage_pos = b * BT;
+		} else if (b * BT < side->stage_pos) {
+			side->stage_pos = b * BT; /* nothing before pos0 to keep */
+		}
+		side->pk_blocks = b;
+	}
+	if (end - side->stage_pos > side->stage_cap) {
+		int64_t cap = MAX(end - side->stage_pos, 2 * side->stage_cap);
+		float *grown = realloc(side->stage, (size_t)cap * d * sizeof(float));
+		if (!grown)
+			return -ENOMEM;
+		side->stage = grown;
+		side->stage_cap = cap;
+	}
+	for (int64_t t = 0; t < n_tok; t++)
+		if (pos0 + t >= side->stage_pos)
+			memcpy(side->stage + (size_t)(pos0 + t - side->stage_pos) * d,
+			       k + (size_t)t * row, (size_t)d * sizeof(float));
+	return 0;
+}
+
+
+/* After attention over positions ..end-1: drop the rows of coded blocks but the last. */
+static void pk_stage_trim(KvSide *side, int64_t end)
+{
+	int64_t keep_from = pk_keep_from(side);
+	if (keep_from <= side->stage_pos)
+		return;
+	int64_t n = MAX(0, end - keep_from);
+	memmove(side->stage, pk_stage_row(side, keep_from), (size_t)n * side->type.dim * sizeof(float));
+	side->stage_pos = keep_from;
+}
+
+/*
+ * Before attention over positions pos0..pos0+n_tok-1: record the query
+ * energies of positions 1..31 (fixing w at 31), then code every whole
+ * block not yet coded.
+ */
+static void pk_encode_ready(KvStore *s, KvLayer *L, int h, int64_t pos0, int64_t n_tok,
+			    const float *q)
+{
+	const KvCacheShape *sh = &s->base.shape;
+	KvHead *H = &L->heads[h];
+	KvSide *side = &H->k;
+	int d = sh->head_dim, P = d / 2, G = sh->n_heads / sh->n_kv_heads;
+	if (!side->w_chosen) {
+		for (int64_t t = 0; t < n_tok && pos0 + t < BT; t++) {
+			float *e = side->qe + (size_t)(pos0 + t) * P;
+			const float *qt = q + ((size_t)t * sh->n_heads + (size_t)h * G) * d;
+			for (int i = 0; i < P; i++) {
+				float sum = 0.0f;
+				for (int g = 0; g < G; g++)
+					sum += qt[g * d + 2 * i] * qt[g * d + 2 * i] +
+					       qt[g * d + 2 * i + 1] * qt[g * d + 2 * i + 1];
+				e[i] = sum;
+			}
+		}
+		if (pos0 + n_tok >= BT) {
+			for (int i = 0; i < P; i++) {
+				float sum = 0.0f;
+				for (int p = 1; p < BT; p++)
+					sum += side->qe[(size_t)p * P + i];
+				side->w[i] = isfinite(sum) ? sum : 1.0f;
+			}
+			side->w_chosen = true;
+		}
+	}
+	float rows[BT * TQ_MAX_DIM];
+	for (int64_t b = side->pk_blocks; (b + 1) * BT <= pos0 + n_tok; b++) {
+		const float *x = pk_stage_row(side, b * BT);
+		for (int t = 0; t < BT; t++)
+			for (int i = 0; i < d; i++)
+				rows[t * d + i] = x[t * d + i] - side->center[i];
+		/* w before position 31's query is seen (a restored cache): equal weights */
+		if (!side->w_chosen)
+			for (int i = 0; i < P; i++)
+				side->w[i] = 1.0f;
+		kvpk_encode_block(&side->pk, rows, BT, side->w, H->blocks[b]);
+		side->pk_blocks = b + 1;
+	}
+}
+
 static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
 			const float *v)
 {
@@ -528,6 +756,8 @@ static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 		return r;
 	for (int h = 0; h < kv->shape.n_kv_heads; h++) {
 		KvHead *H = &L->heads[h];
+		if (side_is_pk(&H->k) && (r = pk_stage(&H->k, (const uint8_t *const *)H->blocks, pos0, n_tok, k + (size_t)h * d, row)))
+			return r;
 		for (int64_t t = 0; t < n_tok; t++) {
 			int64_t p = pos0 + t;
 			uint8_t *b = head_block(s, L, H, p / BT);
@@ -535,7 +765,8 @@ static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 				return -ENOMEM;
 			const float *kx = k + (size_t)t * row + (size_t)h * d;
 			const float *vx = v + (size_t)t * row + (size_t)h * d;
-			side_store(&H->k, p, kx, b + (size_t)(p % BT) * L->k_bytes);
+			if (!side_is_pk(&H->k))
+				side_store(&H->k, p, kx, b + (size_t)(p % BT) * L->k_bytes);
 			side_store(&H->v, p, vx, b + BT * L->k_bytes + (size_t)(p % BT) * L->v_bytes);
 		}
 	}
@@ -647,6 +878,37 @@ static void centered_scores(const KvSide *ks, const float *q, int G, int64_t b, 
 	}
 }
 
+/*
+ * pk keys: block 0 and the query's own block (own) from exact keys,
+ * blocks between from codes of k - mu plus <q, mu> (the frame of
+ * centered_scores()).
+ */
+static void pk_scores(const KvSide *ks, const float *q, int G, int64_t b, int64_t own,
+		      const uint8_t *blk, int nj, float scale, const float *qmu, float *scores,
+		      int stride)
+{
+	int d = ks->type.dim;
+	if (b == 0) {
+		centered_scores(ks, q, G, 0, nj, scale, qmu, scores, stride);
+		return;
+	}
+	if (b == own) {
+		const float *x = pk_stage_row(ks, b * BT);
+		for (int g = 0; g < G; g++)
+			for (int p = 0; p < nj; p++) {
+				float sum = 0.0f;
+				for (int i = 0; i < d; i++)
+					sum += q[(size_t)g * d + i] * x[(size_t)p * d + i];
+				scores[(size_t)g * stride + p] = sum * scale;
+			}
+		return;
+	}
+	kvpk_scores(&ks->pk, blk, q, G, nj, scale, scores, stride);
+	for (int g = 0; g < G; g++)
+		for (int p = 0; p < nj; p++)
+			scores[(size_t)g * stride + p] += qmu[g];
+}
+
 /* q (d,) of one query head into the stored domain of keys, then the kernel's form. */
 static void query_prepare(const KvSide *ks, const float *q, TqQuery *tqq, KvAttnQuery *ret)
 {
@@ -683,7 +945,8 @@ static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h,
 	}
 	const float *qt = j->q + ((size_t)t * sh->n_heads + (size_t)h * G) * d; /* (G, d) */
 	for (int g = 0; g < G && b0 < b1; g++) {
-		query_prepare(&H->k, qt + (size_t)g * d, sc->tqq, &sc->q[g]);
+		if (!side_is_pk(&H->k))
+			query_prepare(&H->k, qt + (size_t)g * d, sc->tqq, &sc->q[g]);
 		if (H->k.type.centered) {
 			float sum = 0.0f;
 			for (int i = 0; i < d; i++)
@@ -705,8 +968,12 @@ static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h,
 			for (size_t off = 0; off < blk_bytes; off += 64)
 				__builtin_prefetch(H->blocks[b + 1] + off, 0, 3);
 		/* scores: each key row read once for all query heads */
-		j->scores(&H->k.rows, sc->q, G, blk, nj, scale, sc->scores, BT);
-		if (H->k.type.centered)
+		if (side_is_pk(&H->k))
+			pk_scores(&H->k, qt, G, b, (n_ctx - 1) / BT, blk, nj, scale, sc->qmu, sc->scores,
+				  BT);
+		else
+			j->scores(&H->k.rows, sc->q, G, blk, nj, scale, sc->scores, BT);
+		if (H->k.type.centered && !side_is_pk(&H->k))
 			centered_scores(&H->k, qt, G, b, nj, scale, sc->qmu, sc->scores, BT);
 		/* online softmax: rescale what came before to the new running max */
 		j->softmax(sc->scores, BT, G, nj, m, l, corr);
@@ -810,6 +1077,9 @@ static void store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, i
 	const KvCacheShape *sh = &kv->shape;
 	if (n_tok <= 0)
 		return;
+	for (int h = 0; h < sh->n_kv_heads; h++)
+		if (side_is_pk(&s->layers[layer].heads[h].k))
+			pk_encode_ready(s, &s->layers[layer], h, pos0, n_tok, q);
 	AttendJob j = {
 		.s = s, .L = &s->layers[layer], .pos0 = pos0, .n_tok = n_tok,
 		.group = sh->n_heads / sh->n_kv_heads, .q = q, .out = out,
@@ -835,6 +1105,9 @@ static void store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, i
 	j.values = kv_attn_values_get();
 	threadpool_run(tp, attend_task, &j);
 	threadpool_run(tp, combine_task, &j);
+	for (int h = 0; h < sh->n_kv_heads; h++)
+		if (side_is_pk(&s->layers[layer].heads[h].k))
+			pk_stage_trim(&s->layers[layer].heads[h].k, pos0 + n_tok);
 }
 
 static const KvCacheOps kvstore_ops = {

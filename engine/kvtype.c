@@ -4,7 +4,10 @@
  */
 #include "kvtype.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -79,6 +82,10 @@ int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error 
 	int r = plain_type_from_name(base, role, dim, &t, err);
 	if (r)
 		return r;
+	if (t.format == KV_FORMAT_PK)
+		return error_set(err, KVTYPE_E_UNKNOWN,
+				 "unknown KV type '%s': pk keys are always centered, write '%s'", name,
+				 base);
 	t.centered = true;
 	*ret = t;
 	return 0;
@@ -93,6 +100,26 @@ static int plain_type_from_name(const char *name, KvRole role, int dim, KvType *
 				 name, dim, KVTYPE_MAX_DIM);
 	if (name[0] == '\0')
 		return error_set(err, KVTYPE_E_UNKNOWN, "empty KV type name");
+	if (strncmp(name, "pk", 2) == 0) {
+		/* pk<B>: B code bits per coordinate, B d a whole number of bytes */
+		char *end = NULL;
+		size_t digits = strspn(name + 2, "0123456789.");
+		double b = strtod(name + 2, &end);
+		if (!end || *end != '\0' || name[2 + digits] != '\0' || !(b >= 1.0 && b <= 8.0) ||
+		    !isdigit((unsigned char)name[2]))
+			return error_set(err, KVTYPE_E_UNKNOWN,
+					 "unknown KV type '%s' (pk<B>, B in [1, 8])", name);
+		if (role == KV_ROLE_V)
+			return error_set(err, KVTYPE_E_ROLE, "V type '%s': pk is for keys only", name);
+		double bits = b * dim;
+		if (dim % 4 != 0 || bits != (double)(long)bits || (long)bits % 8 != 0)
+			return error_set(err, KVTYPE_E_DIM,
+					 "KV type '%s' at head_dim %d: B * head_dim must be a "
+					 "multiple of 8", name, dim);
+		*ret = (KvType){ .format = KV_FORMAT_PK, .centered = true, .dim = dim,
+				 .pk_bits = (int)bits };
+		return 0;
+	}
 	if (strncmp(name, "tq", 2) == 0) {
 		int r = tq_type_from_name(name, role, dim, &t, err);
 		if (r)
@@ -114,7 +141,8 @@ static int plain_type_from_name(const char *name, KvRole role, int dim, KvType *
 	if (!base || (suffix[0] != '\0' && strcmp(suffix, "+h") != 0))
 		return error_set(err, KVTYPE_E_UNKNOWN,
 				 "unknown KV type '%s' (known: f32, f16, q8_0, q4_0, each with "
-				 "optional +h, and tq<B>[.5][+qjl][_nc], B 1..8; keys may add +c)",
+				 "optional +h, and tq<B>[.5][+qjl][_nc], B 1..8; keys may add +c, "
+				 "or be pk<B>)",
 				 name);
 	t = (KvType){ .format = base->format, .hadamard = suffix[0] != '\0', .dim = dim };
 	if ((t.format == KV_FORMAT_Q8_0 || t.format == KV_FORMAT_Q4_0) && dim % QK8_0 != 0)
@@ -133,6 +161,10 @@ void kvtype_name(const KvType *t, char *buf, size_t size)
 	if (size == 0)
 		return;
 	const char *c = t->centered ? "+c" : "";
+	if (t->format == KV_FORMAT_PK) {
+		snprintf(buf, size, "pk%g", (double)t->pk_bits / t->dim);
+		return;
+	}
 	if (t->format == KV_FORMAT_TQ) {
 		char tq[KVTYPE_NAME_MAX];
 		tq_desc_name(&t->tq, tq, sizeof(tq));
@@ -151,6 +183,8 @@ bool kvtype_equal(const KvType *a, const KvType *b)
 	if (a->format != b->format || a->hadamard != b->hadamard || a->centered != b->centered ||
 	    a->dim != b->dim)
 		return false;
+	if (a->format == KV_FORMAT_PK)
+		return a->pk_bits == b->pk_bits;
 	return a->format != KV_FORMAT_TQ || tq_desc_equal(&a->tq, &b->tq);
 }
 
@@ -181,6 +215,8 @@ size_t kvtype_vec_bytes(const KvType *t)
 		return d / QK4_0 * sizeof(BlockQ4_0);
 	case KV_FORMAT_TQ:
 		return tq_vec_bytes(&t->tq);
+	case KV_FORMAT_PK:
+		return (size_t)t->pk_bits / 8 + KV_PK_SIDE_BYTES(d);
 	}
 	assert(!"unknown KvFormat");
 	return 0;

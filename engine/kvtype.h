@@ -17,6 +17,8 @@
  *   q4_0      d / 32 ggml block_q4_0 (18 bytes)      4.5
  *   <b>+h     as <b>; x rotated first (below)        as <b>
  *   tq...     tq.h's coded vector, tq_code_bytes()   tq4 4.25, tq3 3.25 ...
+ *   pk<B>     B d / 8 code bytes + ceil(3 d / 128)   pk4 4.25, pk2.5 2.75
+ *             of per-block side data (kvpk.h)
  *
  * q8_0 and q4_0 need d a multiple of 32 (the ggml block size); +h needs d
  * a power of two. TQ names are tq.h's (tq_desc_from_name): tq1..tq8,
@@ -64,6 +66,22 @@
  *     depend on how a prompt is split into appends.
  * Cost: 33 d floats per (layer, kv-head) per cache, not per token (8.4 KB
  * at d = 64); bits per value count tokens and are those without +c.
+ *
+ * == pk<B>: pair-coded keys (keys only; always centered as +c) ==
+ *
+ * kvpk.h's format: each block of 32 keys (past block 0) stores, per RoPE
+ * pair of channels, a scale and a bit width chosen by reverse water
+ * filling on w_i sigma_i^2, where w_i is the energy of the queries in
+ * that pair (positions 1..31, fixed like mu) and sigma_i the block's own
+ * spread; B bits per coordinate on average (B d a multiple of 8: pk4,
+ * pk2.5, pk4.125 at d = 64). It spends the bits where query and key
+ * energy meet, which a rotation cannot (TurboQuant gives every
+ * coordinate the same bits). Costs: the keys of a block wait in f32 until
+ * the block is whole (at most 31 per (layer, kv-head) between appends, a
+ * prompt chunk during one), and a query reads its own block exact, so
+ * scores do not depend on how a prompt was split. A rewind into a coded
+ * block reads its earlier rows back from the codes (they are coded again
+ * once the block is whole). No GPU kernels yet.
  *
  * == Spec grammar (`--kv SPEC`) ==
  *
@@ -126,6 +144,7 @@ typedef enum KvFormat {
 	KV_FORMAT_Q8_0 = 2,
 	KV_FORMAT_Q4_0 = 3,
 	KV_FORMAT_TQ = 4,
+	KV_FORMAT_PK = 5,
 } KvFormat;
 
 typedef enum KvRole {
@@ -140,7 +159,11 @@ typedef struct KvType {
 	bool centered; /* +c (keys only): stored vectors are x - mu, position 0 kept exact */
 	int dim;       /* head_dim d */
 	TqDesc tq;     /* KV_FORMAT_TQ only (tq.c's default seeds) */
+	int pk_bits;   /* KV_FORMAT_PK only: code bits per head vector (B d) */
 } KvType;
+
+/* pk keys: bytes of per-block side data (pair scales, pair bit widths) per row. */
+#define KV_PK_SIDE_BYTES(d) (((d) / 2 + (d) / 4 + 31) / 32)
 
 /* One layer of a resolved spec. */
 typedef struct KvLayerTypes {

@@ -66,12 +66,30 @@ static size_t center_record_bytes(int head_dim)
 	return 8 + (1 + (size_t)BT) * (size_t)head_dim * sizeof(float);
 }
 
-/* KV section bytes of one layer's entry: 4 + descriptor and centered-key records. */
+/* Floats of one pk-key record after its 8-byte head: query energies, weights, tail keys. */
+static size_t pk_record_floats(int head_dim)
+{
+	return (size_t)BT * head_dim / 2 + (size_t)head_dim / 2 + 2 * (size_t)BT * head_dim;
+}
+
+static size_t pk_record_bytes(int head_dim)
+{
+	return 8 + 4 * pk_record_floats(head_dim);
+}
+
+static bool type_is_pk(const KvType *t)
+{
+	return t->format == KV_FORMAT_PK;
+}
+
+/* KV section bytes of one layer's entry: 4 + descriptor, centered-key and pk records. */
 static size_t kv_layer_entry_bytes(const KvLayerTypes *lt, int n_kv_heads)
 {
 	size_t per_head = (type_is_tq(&lt->k) + type_is_tq(&lt->v)) * (size_t)TQ_DESC_RECORD_BYTES;
 	if (lt->k.centered)
 		per_head += center_record_bytes(lt->k.dim);
+	if (type_is_pk(&lt->k))
+		per_head += pk_record_bytes(lt->k.dim);
 	return 4 + per_head * (size_t)n_kv_heads;
 }
 
@@ -81,10 +99,10 @@ static uint8_t k_flags(const KvType *k)
 	return (uint8_t)(k->hadamard | k->centered << 1);
 }
 
-/* The version a file of these layers has: 2 when a layer has centered keys, else 1. */
-static uint32_t file_version(bool centered)
+/* The version a file of these layers has: 3 with pk keys, 2 with centered keys, else 1. */
+static uint32_t file_version(bool centered, bool pk)
 {
-	return centered ? SESSION_VERSION_CENTERED : SESSION_VERSION;
+	return pk ? SESSION_VERSION_PK : centered ? SESSION_VERSION_CENTERED : SESSION_VERSION;
 }
 
 static size_t f32_block_bytes(int head_dim)
@@ -202,6 +220,7 @@ static void out_section_end(Out *o)
 typedef struct Layout {
 	bool f32;
 	bool centered;         /* a layer has +c keys: version 2 */
+	bool pk;               /* a layer has pk keys: version 3 */
 	int n_layers, n_kv_heads, head_dim;
 	uint32_t n_kv, n_blocks;
 	uint64_t kv_len, tokens_len, messages_len;
@@ -249,6 +268,7 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 		const KvLayerTypes *lt = l->f32 ? &f32 : kvstore_layer_types(kv, i);
 		l->kv_len += kv_layer_entry_bytes(lt, sh->n_kv_heads);
 		l->centered |= lt->k.centered;
+		l->pk |= type_is_pk(&lt->k);
 		l->block_bytes[i] = l->f32 ? f32_block_bytes(sh->head_dim) : kvstore_block_bytes(kv, i);
 		l->layer_len[i] = 16 + (uint64_t)sh->n_kv_heads * l->n_blocks * l->block_bytes[i];
 	}
@@ -276,7 +296,7 @@ static void write_header(Out *o, const Layout *l, const SessionState *s, uint64_
 {
 	uint8_t h[SESSION_HEADER_BYTES] = { 0 };
 	memcpy(h, SESSION_MAGIC, 8);
-	put_le(h + 8, file_version(l->centered), 4);
+	put_le(h + 8, file_version(l->centered, l->pk), 4);
 	put_le(h + 12, SESSION_HEADER_BYTES, 4);
 	put_le(h + 16, fingerprint, 8);
 	put_le(h + 24, (uint64_t)l->n_layers, 4);
@@ -332,6 +352,25 @@ static int write_kv_section(Out *o, const Layout *l, const SessionState *s, cons
 				for (size_t x = 0; x < n; x++) {
 					uint32_t bits;
 					memcpy(&bits, &cs[x], 4);
+					out_u32(o, bits);
+				}
+			}
+			if (type_is_pk(&lt->k)) {
+				size_t d = (size_t)l->head_dim, n = pk_record_floats(l->head_dim);
+				_cleanup_(freep) float *f = malloc_array(n, sizeof(float));
+				bool chosen;
+				if (!f)
+					return error_set(err, -ENOMEM, "out of memory");
+				if (kvstore_pk_state(kv, i, h, l->n_kv, &chosen, f, f + BT * d / 2,
+						     f + BT * d / 2 + d / 2) != 0)
+					return error_set(err, -EINVAL,
+							 "layer %d head %d: pk keys appended but not attended",
+							 i, h);
+				out_u32(o, chosen);
+				out_u32(o, 0);
+				for (size_t x = 0; x < n; x++) {
+					uint32_t bits;
+					memcpy(&bits, &f[x], 4);
 					out_u32(o, bits);
 				}
 			}
@@ -400,6 +439,8 @@ static void quant_block_fill(const KvCache *kv, int layer, int head, int64_t ind
 	int64_t valid = n_kv - index * BT;
 	if (valid >= BT)
 		return;
+	if (type_is_pk(&lt->k)) /* not coded yet: its keys are in the KV section */
+		memset(out, 0, BT * kb);
 	for (int64_t t = MAX(valid, 0); t < BT; t++) {
 		memset(out + (size_t)t * kb, 0, kb);
 		memset(out + BT * kb + (size_t)t * vb, 0, vb);
@@ -518,6 +559,7 @@ typedef struct In {
 	const uint8_t *p;
 	size_t len;
 	size_t pos;
+	const uint8_t *kv_payload; /* the KV section's, once read_kv() checked it */
 } In;
 
 int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err)
@@ -528,9 +570,9 @@ int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err)
 	if (len < SESSION_HEADER_BYTES)
 		return error_set(err, SESSION_E_TRUNCATED, "%zu bytes: shorter than the header", len);
 	uint32_t version = (uint32_t)get_le(h + 8, 4);
-	if (version != SESSION_VERSION && version != SESSION_VERSION_CENTERED)
-		return error_set(err, SESSION_E_VERSION, "version %u; this build reads versions %u and %u",
-				 version, SESSION_VERSION, SESSION_VERSION_CENTERED);
+	if (version != SESSION_VERSION && version != SESSION_VERSION_CENTERED && version != SESSION_VERSION_PK)
+		return error_set(err, SESSION_E_VERSION, "version %u; this build reads versions %u to %u",
+				 version, SESSION_VERSION, SESSION_VERSION_PK);
 	if ((uint32_t)get_le(h + 60, 4) != crc32c(h, 60))
 		return error_set(err, SESSION_E_HEADER, "header checksum mismatch");
 	SessionHeader r = {
@@ -675,15 +717,16 @@ static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCa
 	if (kind == 0 && seed != 0)
 		return error_set(err, SESSION_E_KV_SECTION, "KV section: a seed for the f32 cache");
 	p += 16 + spec_len;
-	bool centered = false;
+	bool centered = false, pk = false;
 	for (int i = 0; i < n_layers; i++) {
 		KvLayerTypes lt = plan_layer(e, i);
 		if (p[0] != lt.k.format || p[1] != k_flags(&lt.k) || p[2] != lt.v.format || p[3] != lt.v.hadamard)
 			return error_set(err, SESSION_E_KV_TYPE, "layer %d: saved with other K/V formats", i);
 		centered |= lt.k.centered;
+		pk |= type_is_pk(&lt.k);
 		p += kv_layer_entry_bytes(&lt, n_heads);
 	}
-	if (hd->version != file_version(centered))
+	if (hd->version != file_version(centered, pk))
 		return error_set(err, SESSION_E_KV_SECTION, "version %u with%s centered keys", hd->version,
 				 centered ? "" : "out");
 
@@ -716,9 +759,57 @@ static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCa
 			}
 			if (lt.k.centered && (r = read_center(&p, kv, hd->n_kv, i, h, err)) != 0)
 				return r;
+			if (type_is_pk(&lt.k))
+				p += pk_record_bytes(lt.k.dim); /* read_pk(), once the blocks are in */
 		}
 	}
+	in->kv_payload = p0;
 	*ret_kv = TAKE_PTR(kv);
+	return 0;
+}
+
+/*
+ * The pk-key records of the KV section (read_kv() checked its length and
+ * the formats) into kv, whose blocks are in: kvstore_pk_put() checks
+ * every value and that the coded blocks can be read.
+ */
+static int read_pk(const uint8_t *p, const SessionHeader *hd, const SessionExpect *e, KvCache *kv,
+		   Error *err)
+{
+	int n_layers = e->shape.n_layers, n_heads = e->shape.n_kv_heads;
+	p += 16 + get_le(p + 4, 4);
+	for (int i = 0; i < n_layers; i++) {
+		KvLayerTypes lt = plan_layer(e, i);
+		if (!type_is_pk(&lt.k)) {
+			p += kv_layer_entry_bytes(&lt, n_heads);
+			continue;
+		}
+		p += 4;
+		size_t d = (size_t)lt.k.dim, n = pk_record_floats(lt.k.dim);
+		_cleanup_(freep) float *f = malloc_array(n, sizeof(float));
+		if (!f)
+			return error_set(err, -ENOMEM, "out of memory");
+		for (int h = 0; h < n_heads; h++) {
+			p += type_is_tq(&lt.v) * (size_t)TQ_DESC_RECORD_BYTES + center_record_bytes(lt.k.dim);
+			uint32_t chosen = (uint32_t)get_le(p, 4);
+			if (chosen > 1 || get_le(p + 4, 4) != 0)
+				return error_set(err, SESSION_E_KV_SECTION, "layer %d head %d: pk state %u", i, h,
+						 chosen);
+			for (size_t x = 0; x < n; x++) {
+				uint32_t bits = (uint32_t)get_le(p + 8 + 4 * x, 4);
+				memcpy(&f[x], &bits, 4);
+			}
+			int r = kvstore_pk_put(kv, i, h, hd->n_kv, chosen, f, f + BT * d / 2, f + BT * d / 2 + d / 2);
+			if (r == -ENOMEM)
+				return error_set(err, r, "out of memory");
+			if (r != 0)
+				return error_set(err, SESSION_E_KV_SECTION,
+						 "layer %d head %d: pk keys: a weight, energy or key not "
+						 "finite, weights missing, or a coded block that cannot be read",
+						 i, h);
+			p += pk_record_bytes(lt.k.dim);
+		}
+	}
 	return 0;
 }
 
@@ -884,6 +975,8 @@ static int read_file(const void *data, size_t len, const SessionExpect *e, bool 
 	}
 	if (in.pos != len)
 		return error_set(err, SESSION_E_HEADER, "%zu bytes after the last section", len - in.pos);
+	if (s->kv && e->plan && (r = read_pk(in.kv_payload, &hd, e, s->kv, err)) != 0)
+		return r;
 	if (s->kv)
 		kvcache_set_n_tokens(s->kv, hd.n_kv);
 	*ret = TAKE_PTR(s);

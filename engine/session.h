@@ -14,8 +14,9 @@
  *
  *   offset size field
  *   0      8    magic "TKVSESS\0"
- *   8      4    version: SESSION_VERSION_CENTERED = 2 when a layer has
- *               centered keys (+c), else SESSION_VERSION = 1
+ *   8      4    version: SESSION_VERSION_PK = 3 when a layer has pk
+ *               keys (kvpk.h), else SESSION_VERSION_CENTERED = 2 when a
+ *               layer has centered keys (+c), else SESSION_VERSION = 1
  *   12     4    header size, 64
  *   16     8    model fingerprint: gguf_fingerprint() of the model
  *   24     4    n_layers
@@ -52,7 +53,15 @@
  *          8 + 132 head_dim bytes: u32 1 if mu is chosen else 0 (1
  *          whenever n_kv > 32), u32 0, head_dim f32 mu (all zero while not
  *          chosen), 32 x head_dim f32 keys of positions 0..31
- *          (kvstore_key_center(); all finite)
+ *          (kvstore_key_center(); all finite); then, if K is pk (which
+ *          is always +c), 8 + 4 (80 + 1 / 2) head_dim bytes
+ *          (kvstore_pk_state()): u32 1 if the pair weights are chosen
+ *          else 0 (1 whenever n_kv >= 32), u32 0, 16 head_dim f32 query
+ *          energies (positions 0..31), head_dim / 2 f32 weights (zero
+ *          while not chosen), 64 head_dim f32 exact keys of positions
+ *          max(32, 32 (n_kv / 32 - 1)) .. n_kv - 1 (the last coded block
+ *          and the partial one; zero past n_kv); all finite, none
+ *          negative but the keys
  *   Kind 0 has every format f32 without +h.
  *
  * TOKENS (id 2): n_tokens x u32 token id, each < the model's vocabulary.
@@ -74,7 +83,10 @@
  *          then kv-head 1's, ... Each block holds positions 32 i ..
  *          32 i + 31 as kvstore.h lays it out (32 K rows, then 32 V
  *          rows); kind 0 writes f32 rows the same way. Rows at positions
- *          >= n_kv are written as zeros.
+ *          >= n_kv are written as zeros; so is the whole K region of a
+ *          pk layer's partial last block (its keys are in the KV
+ *          section), and every coded pk block (1 .. n_kv / 32 - 1) must
+ *          pass kvpk_block_coded().
  *
  * == Reading ==
  *
@@ -109,6 +121,7 @@
 #define SESSION_MAGIC "TKVSESS"          /* 8 bytes with its NUL */
 #define SESSION_VERSION 1u          /* no layer with centered keys */
 #define SESSION_VERSION_CENTERED 2u /* version 1 plus centered-key records */
+#define SESSION_VERSION_PK 3u       /* version 2 plus pk-key records */
 #define SESSION_HEADER_BYTES 64u
 #define SESSION_SECTION_HEADER_BYTES 16u
 #define SESSION_MAX_TOKENS (1u << 24)

@@ -91,6 +91,10 @@ static int check_types(const CudaKvCache *c, Error *err)
 				return error_set(err, -EINVAL,
 						 "layer %d: the %s type has %d QJL rows, the GPU takes "
 						 "at most %d", l, side, ty->tq.qjl_m, KVK_MAX_QJL_M);
+			if (ty->format == KV_FORMAT_PK) /* no kernels yet for kvpk.h's blocks */
+				return error_set(err, -EINVAL,
+						 "layer %d: pair-coded keys (pk) run on the CPU only for "
+						 "now; use a tq type on the GPU", l);
 			if (ty->centered) /* no kernels yet for kvstore.c's mu and exact block 0 */
 				return error_set(err, -EINVAL,
 						 "layer %d: centered keys (+c) run on the CPU only for "

@@ -6,8 +6,8 @@
  * seed corpus (3 layers, 4 query heads, 2 kv-heads of 64, vocabulary
  * 1000, capacity 256, fingerprint 0x0123456789abcdef; the corpus is
  * written by tests/unit/test-session.c with TKV_SESSION_CORPUS=DIR) under
- * the f32 cache, q8_0, tq4, "tq4+qjl:tq3.5o" and "tq4_nc+c:tq3" (centered
- * keys). An input whose last byte is odd gets its header and section
+ * the f32 cache, q8_0, tq4, "tq4+qjl:tq3.5o", "tq4_nc+c:tq3" (centered
+ * keys) and "pk4:tq3" (pair-coded keys). An input whose last byte is odd gets its header and section
  * checksums recomputed first (walking the section lengths it claims), so
  * that mutations also reach the checks behind the CRCs.
  *
@@ -108,7 +108,8 @@ static void check_state(const SessionState *s, const SessionExpect *e)
 
 int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {
-	static const char *const specs[] = { NULL, "q8_0", "tq4", "tq4+qjl:tq3.5o", "tq4_nc+c:tq3" };
+	static const char *const specs[] = { NULL, "q8_0", "tq4", "tq4+qjl:tq3.5o", "tq4_nc+c:tq3",
+					       "pk4:tq3" };
 	static KvPlan *plans[ARRAY_SIZE(specs)];
 	static bool ready;
 	if (!ready) {

@@ -263,6 +263,14 @@ static int check_refusals(void)
 	       err.msg);
 	failed |= r != -EINVAL || !said;
 	plan = kvplan_free(plan);
+	/* pair-coded keys likewise */
+	r = kvplan_from_text("pk4:tq3", 1, N_KV_HEADS, DIM, &plan, &err);
+	if (!r)
+		r = cuda_kvcache_new(&cs, plan, SEED, &kv, &err);
+	said = strstr(err.msg, "pk") != NULL;
+	printf("%s refuse pk4:tq3: %d (%s)\n", r == -EINVAL && said ? "ok  " : "FAIL", r, err.msg);
+	failed |= r != -EINVAL || !said;
+	plan = kvplan_free(plan);
 
 	r = kvplan_from_text("tq3.5o", 1, N_KV_HEADS, DIM, &plan, &err);
 	if (!r)

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kvpk.h"
 #include "engine/kvquant.h"
 #include "engine/kvstore.h"
 #include "engine/model.h"
@@ -34,6 +35,7 @@ static const char *const specs[] = {
 	"q8_0:tq3",
 	"tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
 	"tq4_nc+c:tq3", "q4_0+h+c:q8_0", "tq3+qjl+c:tq3.5o",
+	"pk4:tq3", "pk2.5:f32,1=tq4_nc+c:q8_0",
 };
 
 /* Cache contents for one check: k, v (n_layers, n, n_kv_heads * d); q (n, n_heads * d). */
@@ -137,6 +139,64 @@ static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, i
 			x[c] = p < KVSTORE_BLOCK_TOKENS ? src[c] : x[c] + mu[c];
 }
 
+/*
+ * A pk key side (kvpk.h) of (layer, head) after attention over positions
+ * 0..n-1 of keys k (n, d, stride) and queries q (n, n_heads * d): its
+ * weights are kvpk.h's query energies of positions 1..31 (checked in
+ * double), each whole block 1.. is kvpk_encode_block() of its keys minus
+ * mu, and x (n, d) gets the keys as attention reads them from codes
+ * (whole blocks past 0; the rest exact).
+ */
+static void load_pk(const KvCache *kv, int layer, int head, const float *k, size_t stride,
+		    const float *q, int64_t n, const float *mu, float *x)
+{
+	enum { BT = KVSTORE_BLOCK_TOKENS };
+	const KvCacheShape *sh = &kv->shape;
+	const KvType *t = &kvstore_layer_types(kv, layer)->k;
+	int d = sh->head_dim, G = sh->n_heads / sh->n_kv_heads;
+	float qe[BT * TQ_MAX_DIM / 2], w[TQ_MAX_DIM / 2], tail[2 * BT * TQ_MAX_DIM];
+	bool chosen = false;
+	ck_assert_int_eq(kvstore_pk_state(kv, layer, head, n, &chosen, qe, w, tail), 0);
+	ck_assert(chosen == (n >= BT));
+	for (int i = 0; chosen && i < d / 2; i++) {
+		double want = 0;
+		for (int p = 1; p < BT; p++)
+			for (int g = 0; g < G; g++)
+				for (int c = 2 * i; c < 2 * i + 2; c++) {
+					double v = q[((size_t)p * sh->n_heads + (size_t)head * G + g) * d + c];
+					want += v * v;
+				}
+		ck_assert_msg(fabs(w[i] - want) <= 1e-5 * want, "layer %d head %d pair %d: w %g, want %g",
+			      layer, head, i, w[i], want);
+	}
+	KvPk pk;
+	ck_assert_int_eq(kvpk_init(&pk, d, t->pk_bits, kvtype_vec_bytes(t)), 0);
+	size_t kbytes = BT * kvtype_vec_bytes(t);
+	uint8_t *want = malloc(kbytes);
+	float *rows = malloc(sizeof(float) * BT * d);
+	ck_assert(want && rows);
+	for (int64_t p = 0; p < n; p++)
+		memcpy(x + p * d, k + (size_t)p * stride, (size_t)d * sizeof(float));
+	for (int64_t b = 1; (b + 1) * BT <= n; b++) {
+		for (int r = 0; r < BT; r++)
+			for (int i = 0; i < d; i++)
+				rows[r * d + i] = k[(size_t)(b * BT + r) * stride + i] - mu[i];
+		kvpk_encode_block(&pk, rows, BT, w, want);
+		const uint8_t *blk = kvstore_block(kv, layer, head, b);
+		ck_assert_msg(memcmp(blk, want, kbytes) == 0, "layer %d head %d pk block %lld differs",
+			      layer, head, (long long)b);
+		ck_assert(kvpk_block_coded(&pk, blk));
+		for (int r = 0; r < BT; r++) {
+			float *y = x + (b * BT + r) * d;
+			kvpk_decode_row(&pk, blk, r, y);
+			for (int i = 0; i < d; i++)
+				y[i] += mu[i];
+		}
+	}
+	free(want);
+	free(rows);
+}
+
 /* Exact attention in double of query qh (d,) over decoded rows 0..pos of one kv-head. */
 static void reference(const float *kd, const float *vd, int d, const float *qh, int64_t pos, double *out)
 {
@@ -198,12 +258,24 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 				float mu[TQ_MAX_DIM] = { 0 };
 				if (lt->k.centered && pos0 + n >= KVSTORE_BLOCK_TOKENS)
 					expect_center(kv, l, h, k + h * d, row, mu);
+				bool pk = lt->k.format == KV_FORMAT_PK;
+				if (pk)
+					load_pk(kv, l, h, k + h * d, row, in->q, pos0 + n, mu, kd);
 				for (int64_t p = 0; p < pos0 + n; p++) {
-					load_row(kv, &lt->k, kc, l, h, KV_ROLE_K, p, k + p * row + h * d,
-						 lt->k.centered ? mu : NULL, kd + p * d);
+					if (!pk)
+						load_row(kv, &lt->k, kc, l, h, KV_ROLE_K, p, k + p * row + h * d,
+							 lt->k.centered ? mu : NULL, kd + p * d);
 					load_row(kv, &lt->v, vc, l, h, KV_ROLE_V, p, v + p * row + h * d, NULL, vd + p * d);
 				}
-				for (int64_t t = pos0; t < pos0 + n; t++)
+				for (int64_t t = pos0; t < pos0 + n; t++) {
+					/* pk: a query reads its own block exact (kvpk.h) */
+					int64_t own = t / KVSTORE_BLOCK_TOKENS * KVSTORE_BLOCK_TOKENS;
+					float saved[KVSTORE_BLOCK_TOKENS * TQ_MAX_DIM];
+					if (pk && own > 0) {
+						memcpy(saved, kd + own * d, sizeof(float) * (size_t)(t - own + 1) * d);
+						for (int64_t p = own; p <= t; p++)
+							memcpy(kd + p * d, k + p * row + h * d, sizeof(float) * d);
+					}
 					for (int g = 0; g < G; g++) {
 						int hq = h * G + g;
 						double want[TQ_MAX_DIM];
@@ -215,6 +287,9 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 								      spec, n_threads, l, (long long)t, hq, i, got, want[i]);
 						}
 					}
+					if (pk && own > 0)
+						memcpy(kd + own * d, saved, sizeof(float) * (size_t)(t - own + 1) * d);
+				}
 				tq_codec_free(kc);
 				tq_codec_free(vc);
 			}
@@ -284,7 +359,7 @@ START_TEST(fused_equals_dequantized)
 		ck_assert_ptr_null(kvstore_block(kv, 0, 0, 3));
 		kvcache_free(kv);
 	}
-	if (strstr(spec, "+c"))
+	if (strstr(spec, "+c") || strncmp(spec, "pk", 2) == 0)
 		kvcache_free(check_spec(spec, &in, small_batches, (int)ARRAY_SIZE(small_batches), 2, 0));
 	inputs_free(&in);
 }
@@ -406,6 +481,90 @@ START_TEST(centered_split_invariant_and_better)
 		free(out[sidx]);
 	free(whole);
 	free(split);
+	inputs_free(&in);
+}
+END_TEST
+
+/*
+ * pk keys (kvpk.h): the same bytes and outputs however a prompt is split;
+ * a rewind into the last coded block is exact (its rows were kept), one
+ * further back reads the earlier rows from the codes: deterministic and
+ * close, not exact.
+ */
+START_TEST(pk_split_and_rewind)
+{
+	Inputs in = random_inputs(test_seed() + 78);
+	const KvCacheShape *sh = &in.shape;
+	int d = sh->head_dim, H = sh->n_heads;
+	size_t row = (size_t)sh->n_kv_heads * d, qrow = (size_t)H * d;
+	static const int64_t pieces[] = { 5, 15, 20, 30, 26 };
+	float *whole = malloc(sizeof(float) * RN * qrow), *other = malloc(sizeof(float) * RN * qrow);
+	ck_assert(whole && other);
+	KvPlan *plan = NULL;
+	ck_assert_int_eq(kvplan_from_text("pk3:tq3", sh->n_layers, sh->n_kv_heads, d, &plan, NULL), 0);
+	KvCache *a = NULL, *b = NULL;
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &b, NULL), 0);
+	ck_assert_int_eq(kvcache_append(a, 0, 0, RN, in.k, in.v), 0);
+	kvcache_attend(a, NULL, 0, 0, RN, in.q, whole);
+	kvcache_set_n_tokens(a, RN);
+	int64_t pos = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(pieces); i++) {
+		ck_assert_int_eq(kvcache_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row), 0);
+		kvcache_attend(b, NULL, 0, pos, pieces[i], in.q + pos * qrow, other + pos * qrow);
+		pos += pieces[i];
+		kvcache_set_n_tokens(b, pos);
+	}
+	ck_assert(memcmp(whole, other, sizeof(float) * RN * qrow) == 0);
+	for (int h = 0; h < sh->n_kv_heads; h++)
+		for (int64_t blk = 1; blk < 3; blk++)
+			ck_assert(memcmp(kvstore_block(a, 0, h, blk), kvstore_block(b, 0, h, blk),
+					 kvstore_block_bytes(a, 0)) == 0);
+
+	/* back to 70, inside the last coded block (64..95): exact */
+	kvcache_set_n_tokens(b, 70);
+	ck_assert_int_eq(kvcache_append(b, 0, 70, RN - 70, in.k + 70 * row, in.v + 70 * row), 0);
+	kvcache_attend(b, NULL, 0, 70, RN - 70, in.q + 70 * qrow, other + 70 * qrow);
+	ck_assert(memcmp(whole, other, sizeof(float) * RN * qrow) == 0);
+
+	/* back to 40, inside block 1: rows 32..39 come back from the codes */
+	double err = 0, norm = 0;
+	for (int rep = 0; rep < 2; rep++) {
+		KvCache *c = rep ? a : b;
+		kvcache_set_n_tokens(c, 40);
+		ck_assert_int_eq(kvcache_append(c, 0, 40, RN - 40, in.k + 40 * row, in.v + 40 * row), 0);
+		kvcache_attend(c, NULL, 0, 40, RN - 40, in.q + 40 * qrow, (rep ? whole : other) + 40 * qrow);
+	}
+	ck_assert(memcmp(whole, other, sizeof(float) * RN * qrow) == 0); /* deterministic */
+	/* against f32 keys and values, about as far off as without the rewind */
+	float *fresh = malloc(sizeof(float) * RN * qrow), *exact = malloc(sizeof(float) * RN * qrow);
+	KvCache *c = NULL, *f = NULL;
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &c, NULL), 0);
+	ck_assert_int_eq(kvcache_append(c, 0, 0, RN, in.k, in.v), 0);
+	kvcache_attend(c, NULL, 0, 0, RN, in.q, fresh);
+	ck_assert_int_eq(kvcache_new_f32(sh, &f), 0);
+	ck_assert_int_eq(kvcache_append(f, 0, 0, RN, in.k, in.v), 0);
+	kvcache_attend(f, NULL, 0, 0, RN, in.q, exact);
+	double err_fresh = 0;
+	for (size_t i = 40 * qrow; i < RN * qrow; i++) {
+		ck_assert(isfinite(other[i]));
+		err += pow(other[i] - exact[i], 2);
+		err_fresh += pow(fresh[i] - exact[i], 2);
+		norm += pow(exact[i], 2);
+	}
+	fprintf(stderr, "pk3:tq3 error against f32 after a rewind into an older block %.4g, without %.4g\n",
+		sqrt(err / norm), sqrt(err_fresh / norm));
+	ck_assert(memcmp(other + 40 * qrow, fresh + 40 * qrow, sizeof(float) * (RN - 40) * qrow) != 0);
+	ck_assert(err < 1.25 * err_fresh);
+	kvcache_free(c);
+	kvcache_free(f);
+	free(fresh);
+	free(exact);
+	kvcache_free(a);
+	kvcache_free(b);
+	kvplan_free(plan);
+	free(whole);
+	free(other);
 	inputs_free(&in);
 }
 END_TEST
@@ -638,6 +797,7 @@ static Suite *kvstore_suite(void)
 	tcase_add_test(tc, rejected_plans);
 	tcase_add_test(tc, rewind_reuses_blocks);
 	tcase_add_test(tc, centered_split_invariant_and_better);
+	tcase_add_test(tc, pk_split_and_rewind);
 	suite_add_tcase(s, tc);
 
 	TCase *tm = tcase_create("model");

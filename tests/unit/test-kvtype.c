@@ -198,6 +198,14 @@ START_TEST(test_spec_errors)
 		{ "tq4+c+c:tq4", 30, 64, KVTYPE_E_UNKNOWN, "+c twice" },
 		{ "+c:tq4", 30, 64, KVTYPE_E_UNKNOWN, "empty KV type" },
 		{ "tq9+c:tq4", 30, 64, KVTYPE_E_UNKNOWN, "'tq9'" },
+		{ "pk4", 30, 64, KVTYPE_E_ROLE, "'pk4'" }, /* one type: V too */
+		{ "pk4+c:tq3", 30, 64, KVTYPE_E_UNKNOWN, "always centered" },
+		{ "pk9:tq3", 30, 64, KVTYPE_E_UNKNOWN, "'pk9'" },
+		{ "pk:tq3", 30, 64, KVTYPE_E_UNKNOWN, "'pk'" },
+		{ "pk-4:tq3", 30, 64, KVTYPE_E_UNKNOWN, "'pk-4'" },
+		{ "pk4x:tq3", 30, 64, KVTYPE_E_UNKNOWN, "'pk4x'" },
+		{ "pk4e0:tq3", 30, 64, KVTYPE_E_UNKNOWN, "'pk4e0'" },
+		{ "pk4.1:tq3", 30, 64, KVTYPE_E_DIM, "multiple of 8" },
 		{ "q4_0+c+h:tq4", 30, 64, KVTYPE_E_UNKNOWN, "'q4_0+c+h'" },
 		{ "q8_0:q4_0:f16", 30, 64, KVTYPE_E_SYNTAX, "'q8_0:q4_0:f16'" },
 		{ "tq4,2=q8_0::f16", 30, 64, KVTYPE_E_SYNTAX, "more than one ':'" },
@@ -281,6 +289,7 @@ START_TEST(test_type_roles_and_names)
 		"tq1", "tq2", "tq3", "tq4", "tq5", "tq6", "tq7", "tq8", "tq2.5", "tq3.5",
 		"tq4.5", "tq3+qjl", "tq4+sqjl", "tq3_nc", "tq3h16", "tq3.5o", "tq4+qjl_nc",
 		"f16+c", "q8_0+c", "q4_0+h+c", "tq4_nc+c", "tq3+qjl+c", "tq3.5o+c",
+		"pk1", "pk2.5", "pk4", "pk5.125", "pk8",
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
 		for (int dim = 64; dim <= 128; dim *= 2) {
@@ -327,6 +336,9 @@ START_TEST(test_bits_per_value)
 		{ "tq4+qjl", 4.5, 4.25 }, { "tq4+sqjl", 4.5, 4.25 },
 		{ "tq4_nc", 4.25, 4.125 }, { "tq3.5o", 4.0, 3.75 },
 		{ "tq3h16", 3.5, 3.25 },
+		/* pk: B d / 8 code bytes + ceil(3 d / 4 / 32) of side data per row */
+		{ "pk4", 4.25, 4.1875 },  { "pk2.5", 2.75, 2.6875 },
+		{ "pk4.125", 4.375, 4.3125 },
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(rows); i++) {
 		for (int dim = 64; dim <= 128; dim *= 2) {

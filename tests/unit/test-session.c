@@ -75,15 +75,27 @@ static KvCache *cache_filled(const char *spec, KvPlan **ret_plan, int64_t n, uin
 		k[i] = s * test_rand_normal(rng);
 		v[i] = test_rand_normal(rng);
 	}
+	/* attended as a model does (pk keys are coded by the attention that reads them) */
+	float *q = malloc(sizeof(float) * n * NH * D), *out = malloc(sizeof(float) * n * NH * D);
+	ck_assert(q && out);
+	uint64_t qrng = 0x9e;
+	for (size_t i = 0; i < (size_t)n * NH * D; i++)
+		q[i] = test_rand_normal(&qrng);
 	int64_t first = n / 2;
-	for (int l = 0; l < NL; l++)
+	for (int l = 0; l < NL; l++) {
 		ck_assert_int_eq(kvcache_append(kv, l, 0, first, k, v), 0);
+		kvcache_attend(kv, NULL, l, 0, first, q, out);
+	}
 	kvcache_set_n_tokens(kv, first);
-	for (int l = 0; l < NL; l++)
+	for (int l = 0; l < NL; l++) {
 		ck_assert_int_eq(kvcache_append(kv, l, first, n - first, k + first * row, v + first * row), 0);
+		kvcache_attend(kv, NULL, l, first, n - first, q + first * NH * D, out);
+	}
 	kvcache_set_n_tokens(kv, n);
 	free(k);
 	free(v);
+	free(q);
+	free(out);
 	return kv;
 }
 
@@ -157,6 +169,13 @@ static void assert_same_cache(KvCache *a, KvCache *b)
 				if (rc == 0) {
 					ck_assert(ca == cb);
 					ck_assert(memcmp(ma, mb, sizeof(ma)) == 0);
+				}
+				float pa[(32 + 1) * D / 2 + 64 * D], pb[(32 + 1) * D / 2 + 64 * D];
+				rc = kvstore_pk_state(a, l, h, n, &ca, pa, pa + 16 * D, pa + 16 * D + D / 2);
+				ck_assert_int_eq(kvstore_pk_state(b, l, h, n, &cb, pb, pb + 16 * D, pb + 16 * D + D / 2), rc);
+				if (rc == 0) {
+					ck_assert(ca == cb);
+					ck_assert(memcmp(pa, pb, sizeof(pa)) == 0);
 				}
 				for (int role = 0; role < 2; role++) {
 					TqDesc da, db;
@@ -268,6 +287,7 @@ END_TEST
 static const char *const round_specs[] = {
 	NULL /* f32 cache */, "q8_0", "tq4", "tq3+qjl:tq3", "tq3.5o", "tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
 	"tq4_nc+c:tq3", "q4_0+h+c:q8_0,1=tq3.5o",
+	"pk4:tq3", "pk2.5:tq3,1=tq4",
 };
 
 /* Bytes of a file by session.h's layout, computed from the spec here. */
@@ -280,6 +300,8 @@ static uint64_t expected_size(const KvPlan *plan, size_t spec_len, int64_t n_kv,
 		const KvLayerTypes *lt = plan ? &plan->layers[l] : &f32;
 		kv += 4 + (uint64_t)KVH * 176 * ((lt->k.format == KV_FORMAT_TQ) + (lt->v.format == KV_FORMAT_TQ));
 		kv += lt->k.centered ? (uint64_t)KVH * (8 + 4 * D + 32 * 4 * D) : 0; /* state, 0, mu, block 0 */
+		/* pk: state, 0, query energies, weights, the partial block's keys */
+		kv += lt->k.format == KV_FORMAT_PK ? (uint64_t)KVH * (8 + 4 * (16 * D + D / 2 + 64 * D)) : 0;
 		uint64_t block = 32 * (kvtype_vec_bytes(&lt->k) + kvtype_vec_bytes(&lt->v));
 		layers += 20 + 16 + KVH * blocks * block;
 	}
@@ -410,8 +432,12 @@ static int expected_code(const Small *sm, size_t i, bool *ret_or_truncated)
 	*ret_or_truncated = false;
 	if (i < 8)
 		return SESSION_E_MAGIC;
-	if (i < 12)
-		return SESSION_E_VERSION;
+	if (i < 12) {
+		/* a version this build reads (1 <-> 3, 2 -> 3) fails the header checksum instead */
+		uint32_t v = sm->data[8] ^ (i == 8 ? 1u << (i % 8) : 0);
+		return i == 8 && v >= SESSION_VERSION && v <= SESSION_VERSION_PK ? SESSION_E_HEADER
+										 : SESSION_E_VERSION;
+	}
 	if (i < 64)
 		return SESSION_E_HEADER;
 	for (int s = 0; s < 3 + NL; s++)
@@ -463,6 +489,7 @@ START_TEST(test_flip_every_byte)
 	flip_all("q8_0", 1);
 	flip_all("tq4+qjl:tq3.5o", 1);
 	flip_all("tq4_nc+c:tq3", 1);
+	flip_all("pk4:tq3", 7);
 	flip_all(NULL, 1);
 }
 END_TEST
@@ -590,6 +617,69 @@ START_TEST(test_centered_records)
 }
 END_TEST
 
+/* pk-key records: version 3, and each field checked */
+START_TEST(test_pk_records)
+{
+	Small sm;
+	small_make("pk4:tq3", 77, &sm);
+	SessionExpect e = expect_of(sm.plan);
+	SessionState *r = NULL;
+	Error err = { 0 };
+	ck_assert_uint_eq(sm.data[8], SESSION_VERSION_PK);
+	ck_assert_msg(session_read(sm.data, sm.len, &e, &r, &err) == 0, "%s", err.msg);
+	session_state_free(r);
+	r = NULL;
+	uint8_t *buf = malloc(sm.len);
+
+	memcpy(buf, sm.data, sm.len);
+	buf[8] = SESSION_VERSION_CENTERED;
+	uint32_t crc = crc32c(buf, 60);
+	memcpy(buf + 60, &crc, 4);
+	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
+
+	/* layer 0 head 0's pk record: after the spec, the format bytes, V's descriptor, the +c record */
+	uint32_t spec_len;
+	memcpy(&spec_len, sm.data + sm.start[0] + 16 + 4, 4);
+	size_t rec = sm.start[0] + 16 + 16 + spec_len + 4 + 176 + 8 + 33 * 4 * D;
+	uint32_t state;
+	memcpy(&state, sm.data + rec, 4);
+	ck_assert_uint_eq(state, 1);
+	struct {
+		size_t off;
+		float value;
+		const char *what;
+	} bad[] = {
+		{ 0, 0.0f, "state 0" },                        /* weights not chosen, 77 tokens */
+		{ 8 + 4 * 5, -1.0f, "a negative query energy" },
+		{ 8 + 4 * (16 * D + 2), NAN, "a weight not finite" },
+		{ 8 + 4 * (16 * D + D / 2 + 3), INFINITY, "a tail key not finite" },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+		memcpy(buf, sm.data, sm.len);
+		if (bad[i].off == 0)
+			memset(buf + rec, 0, 4);
+		else
+			memcpy(buf + rec + bad[i].off, &bad[i].value, 4);
+		section_reseal(buf, sm.start[0]);
+		ck_assert_msg(session_read(buf, sm.len, &e, &r, &err) == SESSION_E_KV_SECTION, "%s", bad[i].what);
+		ck_assert_ptr_null(r);
+	}
+
+	/* a coded block whose bit widths do not add up (layer 0, kv-head 0, block 1) */
+	memcpy(buf, sm.data, sm.len);
+	size_t layer0 = sm.start[3]; /* KV, TOKENS, MESSAGES, then LAYER 0 */
+	size_t block_bytes = 32 * (4 * D / 8 + 2 + 2 + D * 3 / 8);
+	size_t nibbles = layer0 + 16 + 16 + block_bytes + 32 * (4 * D / 8) + D / 2;
+	buf[nibbles] ^= 0x01;
+	section_reseal(buf, layer0);
+	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
+	ck_assert_ptr_nonnull(strstr(err.msg, "coded block"));
+	free(buf);
+	free(sm.data);
+	kvplan_free(sm.plan);
+}
+END_TEST
+
 /*
  * A file saved with another KV type gives its conversation, no cache;
  * its sections are still checked, and another model is still refused.
@@ -696,6 +786,7 @@ START_TEST(test_write_corpus)
 		{ NULL, "f32-5", 5 }, { "q8_0", "q8_0-33", 33 }, { "tq4", "tq4-40", 40 },
 		{ "tq4+qjl:tq3.5o", "tq4qjl-tq3.5o-10", 10 },
 		{ "tq4_nc+c:tq3", "tq4c-tq3-40", 40 },
+		{ "pk4:tq3", "pk4-tq3-77", 77 },
 	};
 	if (!out)
 		return;
@@ -735,6 +826,7 @@ static Suite *session_suite(void)
 	tcase_add_test(tc, test_truncate_every_offset);
 	tcase_add_test(tc, test_mismatch);
 	tcase_add_test(tc, test_centered_records);
+	tcase_add_test(tc, test_pk_records);
 	tcase_add_test(tc, test_conversation_only);
 	tcase_add_test(tc, test_enospc_keeps_old);
 	tcase_add_test(tc, test_not_a_file);

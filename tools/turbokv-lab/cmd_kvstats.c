@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "lab.h"
+#include "engine/kvpk.h"
 #include "engine/kvquant.h"
 #include "engine/kvstore.h"
 #include "engine/kvtype.h"
@@ -160,6 +161,48 @@ static void capture_attend(void *ud, int layer, int64_t pos0, int64_t n_tok, con
 }
 
 /*
+ * pk keys (kvpk.h) of (layer, h): each whole block past block 0 coded with
+ * the weights the cache chose, as attention reads it from codes; block 0
+ * and a partial last block are exact. rows: scratch (T, d).
+ */
+static int pk_recon_error(const Capture *c, const KvCache *kv, const KvType *t, int layer, int h,
+			  const float *mu, float *rows, ErrAcc *acc)
+{
+	enum { BT = KVSTORE_BLOCK_TOKENS };
+	const int d = t->dim;
+	const float *x = c->k + (size_t)layer * c->T * c->kvdim;
+	_cleanup_(freep) float *st = malloc(((size_t)BT * d / 2 + d / 2 + 2 * (size_t)BT * d) * sizeof(float));
+	_cleanup_(freep) uint8_t *blk = malloc(BT * kvtype_vec_bytes(t));
+	bool chosen;
+	KvPk pk;
+	if (!st || !blk || kvstore_pk_state(kv, layer, h, c->T, &chosen, st, st + BT * d / 2,
+					    st + BT * d / 2 + d / 2) != 0 ||
+	    kvpk_init(&pk, d, t->pk_bits, kvtype_vec_bytes(t)) != 0)
+		return -1;
+	const float *w = st + BT * d / 2;
+	for (int64_t b = 0; b * BT < c->T; b++) {
+		int n = (int)MIN((int64_t)BT, c->T - b * BT);
+		bool coded = b > 0 && n == BT;
+		for (int r = 0; r < n; r++)
+			for (int i = 0; i < d; i++)
+				rows[r * d + i] = x[(b * BT + r) * c->kvdim + (size_t)h * d + i] - mu[i];
+		if (coded)
+			kvpk_encode_block(&pk, rows, BT, w, blk);
+		for (int r = 0; r < n; r++) {
+			const float *row = x + (b * BT + r) * c->kvdim + (size_t)h * d;
+			float y[TQ_MAX_DIM];
+			if (coded) {
+				kvpk_decode_row(&pk, blk, r, y);
+				for (int i = 0; i < d; i++)
+					y[i] += mu[i];
+			}
+			err_add(acc, row, coded ? y : row, d);
+		}
+	}
+	return 0;
+}
+
+/*
  * Store and read back the rows x (T, n_kv_heads, d) of layer/role with
  * type t, accumulating the error into *acc; a +c side with the mu that kv
  * chose when the rows were appended to it (block 0 is kept exact).
@@ -181,6 +224,11 @@ static int recon_error(const Capture *c, const KvCache *kv, const KvType *t, int
 		bool chosen = false;
 		if (t->centered && kvstore_key_center(kv, layer, h, &chosen, mu, mu + d) != 0)
 			return -1;
+		if (t->format == KV_FORMAT_PK) {
+			if (pk_recon_error(c, kv, t, layer, h, mu, rows, acc) < 0)
+				return -1;
+			continue;
+		}
 		TqCodec *codec = NULL;
 		if (t->format == KV_FORMAT_TQ) {
 			TqDesc desc = t->tq;
@@ -285,14 +333,15 @@ static int spec_stats(const Model *m, ThreadPool *tp, const Capture *c, const ch
 	kvcache_set_n_tokens(kv, c->T);
 	for (int l = 0; l < cfg->n_layers; l++) {
 		memset(&ls[l], 0, sizeof(ls[l]));
+		size_t qat = (size_t)l * c->T * c->qdim;
+		/* first: pk keys are coded by the attention that reads them */
+		kvcache_attend(kv, tp, l, 0, c->T, c->q + qat, out);
 		if (plan) {
 			const KvLayerTypes *lt = &plan->layers[l];
 			if (recon_error(c, kv, &lt->k, l, KV_ROLE_K, cfg->n_kv_heads, rounds, &ls[l].k) < 0 ||
 			    recon_error(c, kv, &lt->v, l, KV_ROLE_V, cfg->n_kv_heads, rounds, &ls[l].v) < 0)
 				return -1;
 		}
-		size_t qat = (size_t)l * c->T * c->qdim;
-		kvcache_attend(kv, tp, l, 0, c->T, c->q + qat, out);
 		for (int64_t i = 0; i < c->T * cfg->n_heads; i++)
 			err_add(&ls[l].out, c->out + qat + i * cfg->head_dim, out + i * cfg->head_dim,
 				cfg->head_dim);

@@ -1,0 +1,77 @@
+/*
+ * kvpk.h: pair-coded keys, the `pk<B>` key type (kvtype.h): one block of
+ * KVPK_BLOCK (= KVSTORE_BLOCK_TOKENS) centered keys of one (layer, kv-head) at a time,
+ * each RoPE pair (channels 2i, 2i+1) with its own scale and bit width.
+ *
+ * Why. Attention needs <q, k>, and its error for a key error e is
+ * <q, e>: coordinates where queries are large count most. TurboQuant's
+ * rotation gives every coordinate the same bits; but on real models the
+ * queries' energy per RoPE pair, and the keys' spread per pair, differ by
+ * orders of magnitude. Spending bits by w_i * sigma_i^2 (reverse water
+ * filling) lowers the mean squared score error at equal bits.
+ *   - w_i (query energy of pair i) is stable along a sequence: it is
+ *     measured on the queries at positions 1..31 (kvstore.c) and fixed.
+ *   - sigma_i (the keys' spread) is not: low-frequency pairs drift with
+ *     position. So each block carries its own sigma_i, measured on its 32
+ *     keys, and its allocation follows from (w, sigma) (stored too).
+ *
+ * == One block's key region (BT rows; kvtype_vec_bytes() per row) ==
+ *
+ *   BT * (pk_bits / 8)   codes, row t at t * pk_bits / 8: coordinate j
+ *                        has bits[j / 2] bits, LSB first (bitpack.h's
+ *                        order), the cell of x_j / sigma_{j/2} in the
+ *                        Lloyd-Max codebook of a standard normal
+ *   d / 2                scale bytes: sigma_i = 2^((s_i - 128) / 8),
+ *                        s_i = 0 for a pair that is all zero
+ *   d / 4                bit widths, two per byte (low nibble first),
+ *                        0..8, summing to pk_bits / 2
+ *   rest                 zero
+ *
+ * Allocation: starting from 0 bits everywhere, pk_bits / 2 times give
+ * one more bit to the pair with the largest w_i sigma_i^2 (D(b) -
+ * D(b+1)), D the normal codebook's MSE (D(0) = 1); ties to the lower
+ * pair. A pair at 0 bits reads back as zero.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVPK_MAX_BITS 8
+#define KVPK_BLOCK 32 /* rows per block: KVSTORE_BLOCK_TOKENS */
+
+typedef struct KvPk {
+	int dim;
+	int code_bits;                        /* per row */
+	size_t row_bytes;                     /* kvtype_vec_bytes() */
+	const float *centroids[KVPK_MAX_BITS + 1]; /* [b]: 2^b, standard-normal units */
+	const float *bounds[KVPK_MAX_BITS + 1];
+	double mse[KVPK_MAX_BITS + 1];        /* D(b) */
+} KvPk;
+
+/* The codec for head_dim dim and code_bits bits per row. 0 or -EINVAL / -ENOMEM. */
+int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes);
+
+/*
+ * Encode n rows x (n, dim) (centered keys; n <= BT, rows past n are zero)
+ * with query pair energies w (dim / 2,) into blk (BT * row_bytes).
+ */
+void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *w, uint8_t *blk);
+
+/*
+ * Whether blk holds a coded block: every bit width <= 8, adding up to
+ * code_bits / 2 (so reading a row stays inside it). Session files are
+ * checked with it.
+ */
+bool kvpk_block_coded(const KvPk *pk, const uint8_t *blk);
+
+/* Row t of blk read back into y (dim,). The scalar reference. */
+void kvpk_decode_row(const KvPk *pk, const uint8_t *blk, int t, float *y);
+
+/*
+ * scores[g * stride + t] = <q_g, x~_t> * scale for the G query heads q (G,
+ * dim) and rows t < nj of blk.
+ */
+void kvpk_scores(const KvPk *pk, const uint8_t *blk, const float *q, int G, int nj, float scale,
+		 float *scores, int stride);
