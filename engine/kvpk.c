@@ -4,6 +4,7 @@
  */
 #include "kvpk.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -21,7 +22,7 @@ int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes)
 	static double mse[KVPK_MAX_BITS + 1];
 	static int ready; /* written once under codebook_get's lock in practice; idempotent */
 
-	if (dim < 4 || dim % 4 || code_bits % 8 || code_bits < 8 || code_bits > KVPK_MAX_BITS * dim ||
+	if (dim < 16 || dim > KVPK_MAX_DIM || dim % 4 || code_bits % 8 || code_bits < 8 || code_bits > KVPK_MAX_BITS * dim ||
 	    row_bytes * BT < (size_t)BT * code_bits / 8 + (size_t)dim / 2 + (size_t)dim / 4)
 		return -EINVAL;
 	if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
@@ -82,8 +83,8 @@ void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *w, ui
 {
 	const int d = pk->dim, P = d / 2;
 	uint8_t *scales = blk + BT * code_bytes(pk), *nib = scales + P;
-	float sigma[512];
-	int bits[512];
+	float sigma[KVPK_MAX_DIM / 2];
+	int bits[KVPK_MAX_DIM / 2];
 
 	memset(blk, 0, (size_t)BT * pk->row_bytes);
 	/* per pair: the RMS over the block's rows and both channels, on a 1/8-octave grid */
@@ -115,27 +116,19 @@ void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *w, ui
 	}
 	for (int i = 0; i < P; i++)
 		nib[i / 2] |= (uint8_t)(bits[i] << (4 * (i & 1)));
-	/* codes */
-	for (int t = 0; t < n; t++) {
-		uint8_t *row = blk + (size_t)t * code_bytes(pk);
-		unsigned acc = 0, have = 0;
-		size_t at = 0;
-		for (int j = 0; j < d; j++) {
-			int b = bits[j / 2];
-			if (b == 0)
-				continue;
-			float s = sigma[j / 2]; /* 0: an all-zero pair, any code reads as 0 */
+	/* codes, column by column: coordinate j's 32 codes of bits[j/2] bits each */
+	uint8_t *col = blk;
+	for (int j = 0; j < d; j++) {
+		int b = bits[j / 2];
+		float s = sigma[j / 2]; /* 0: an all-zero pair, any code reads as 0 */
+		for (int t = 0; t < n && b > 0; t++) {
 			unsigned idx = s > 0.0f ? quantize(pk->bounds[b], b, x[t * d + j] / s) : 0;
-			acc |= idx << have;
-			have += (unsigned)b;
-			while (have >= 8) {
-				row[at++] = (uint8_t)acc;
-				acc >>= 8;
-				have -= 8;
-			}
+			unsigned at = (unsigned)t * (unsigned)b;
+			col[at / 8] |= (uint8_t)(idx << (at % 8));
+			if (at % 8 + (unsigned)b > 8)
+				col[at / 8 + 1] |= (uint8_t)(idx >> (8 - at % 8));
 		}
-		if (have)
-			row[at] = (uint8_t)acc;
+		col += (size_t)BT * b / 8;
 	}
 }
 
@@ -162,51 +155,74 @@ static void block_prepare(const KvPk *pk, const uint8_t *blk, float *sigma, int 
 	}
 }
 
-static void row_read(const KvPk *pk, const uint8_t *blk, int t, const float *sigma, const int *bits,
-		     float *y)
+/* Code t of a column of b-bit codes. */
+static unsigned column_code(const uint8_t *col, int b, int t)
 {
-	const uint8_t *row = blk + (size_t)t * code_bytes(pk);
-	unsigned acc = 0, have = 0;
-	size_t at = 0;
-	for (int j = 0; j < pk->dim; j++) {
-		int b = bits[j / 2];
-		if (b == 0) {
-			y[j] = 0.0f;
-			continue;
-		}
-		while (have < (unsigned)b) {
-			acc |= (unsigned)row[at++] << have;
-			have += 8;
-		}
-		unsigned idx = acc & ((1u << b) - 1);
-		acc >>= b;
-		have -= (unsigned)b;
-		y[j] = sigma[j / 2] * pk->centroids[b][idx];
-	}
+	unsigned at = (unsigned)t * (unsigned)b;
+	unsigned v = col[at / 8] >> (at % 8);
+	if (at % 8 + (unsigned)b > 8)
+		v |= (unsigned)col[at / 8 + 1] << (8 - at % 8);
+	return v & ((1u << b) - 1);
 }
 
 void kvpk_decode_row(const KvPk *pk, const uint8_t *blk, int t, float *y)
 {
-	float sigma[512];
-	int bits[512];
+	float sigma[KVPK_MAX_DIM / 2];
+	int bits[KVPK_MAX_DIM / 2];
 	block_prepare(pk, blk, sigma, bits);
-	row_read(pk, blk, t, sigma, bits, y);
+	const uint8_t *col = blk;
+	for (int j = 0; j < pk->dim; j++) {
+		int b = bits[j / 2];
+		y[j] = b ? sigma[j / 2] * pk->centroids[b][column_code(col, b, t)] : 0.0f;
+		col += (size_t)BT * b / 8;
+	}
+}
+
+/*
+ * The 32 codes of a column of b-bit codes into idx, 8 at a time: 8 codes
+ * are b bytes, one little-endian load (b <= 8; the side data behind the
+ * codes keeps the 8-byte read inside the block).
+ */
+static void column_unpack(const uint8_t *col, int b, uint8_t *idx)
+{
+	uint64_t mask = (1u << b) - 1;
+	for (int g = 0; g < BT / 8; g++) {
+		uint64_t v;
+		memcpy(&v, col + g * b, 8);
+		for (int k = 0; k < 8; k++)
+			idx[g * 8 + k] = (uint8_t)((v >> (k * b)) & mask);
+	}
 }
 
 void kvpk_scores(const KvPk *pk, const uint8_t *blk, const float *q, int G, int nj, float scale,
 		 float *scores, int stride)
 {
 	const int d = pk->dim;
-	float sigma[512], y[1024];
-	int bits[512];
+	float sigma[KVPK_MAX_DIM / 2], acc[KVPK_MAX_GROUP][BT], y[BT];
+	int bits[KVPK_MAX_DIM / 2];
+	uint8_t idx[BT];
+	assert(G <= KVPK_MAX_GROUP);
 	block_prepare(pk, blk, sigma, bits);
-	for (int t = 0; t < nj; t++) {
-		row_read(pk, blk, t, sigma, bits, y);
+	memset(acc, 0, sizeof(acc));
+	const uint8_t *col = blk;
+	/* column by column: each coordinate's 32 values once, then every query head */
+	for (int j = 0; j < d; j++) {
+		int b = bits[j / 2];
+		if (b == 0)
+			continue;
+		column_unpack(col, b, idx);
+		col += (size_t)BT * b / 8;
+		const float *c = pk->centroids[b];
+		float s = sigma[j / 2];
+		for (int t = 0; t < BT; t++)
+			y[t] = c[idx[t]] * s;
 		for (int g = 0; g < G; g++) {
-			float sum = 0.0f;
-			for (int j = 0; j < d; j++)
-				sum += q[(size_t)g * d + j] * y[j];
-			scores[(size_t)g * stride + t] = sum * scale;
+			float qj = q[(size_t)g * d + j];
+			for (int t = 0; t < BT; t++)
+				acc[g][t] += qj * y[t];
 		}
 	}
+	for (int g = 0; g < G; g++)
+		for (int t = 0; t < nj; t++)
+			scores[(size_t)g * stride + t] = acc[g][t] * scale;
 }

@@ -17,10 +17,14 @@
  *
  * == One block's key region (BT rows; kvtype_vec_bytes() per row) ==
  *
- *   BT * (pk_bits / 8)   codes, row t at t * pk_bits / 8: coordinate j
- *                        has bits[j / 2] bits, LSB first (bitpack.h's
- *                        order), the cell of x_j / sigma_{j/2} in the
- *                        Lloyd-Max codebook of a standard normal
+ *   BT * (pk_bits / 8)   codes, column by column: coordinate j's BT
+ *                        codes of b = bits[j / 2] bits each (4 b bytes;
+ *                        row t at bit t b, LSB first, bitpack.h's order),
+ *                        after the columns of coordinates 0..j-1; a code
+ *                        is the cell of x_j / sigma_{j/2} in the
+ *                        Lloyd-Max codebook of a standard normal. Columns,
+ *                        because every row of a column has the same width
+ *                        and attention reads all 32 rows
  *   d / 2                scale bytes: sigma_i = 2^((s_i - 128) / 8),
  *                        s_i = 0 for a pair that is all zero
  *   d / 4                bit widths, two per byte (low nibble first),
@@ -39,6 +43,8 @@
 #include <stdint.h>
 
 #define KVPK_MAX_BITS 8
+#define KVPK_MAX_DIM 1024
+#define KVPK_MAX_GROUP 64 /* query heads per kv-head that kvpk_scores() takes */
 #define KVPK_BLOCK 32 /* rows per block: KVSTORE_BLOCK_TOKENS */
 
 typedef struct KvPk {
@@ -50,7 +56,10 @@ typedef struct KvPk {
 	double mse[KVPK_MAX_BITS + 1];        /* D(b) */
 } KvPk;
 
-/* The codec for head_dim dim and code_bits bits per row. 0 or -EINVAL / -ENOMEM. */
+/*
+ * The codec for head_dim dim (16..KVPK_MAX_DIM, a multiple of 4) and
+ * code_bits bits per row. 0 or -EINVAL / -ENOMEM.
+ */
 int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes);
 
 /*
@@ -71,7 +80,7 @@ void kvpk_decode_row(const KvPk *pk, const uint8_t *blk, int t, float *y);
 
 /*
  * scores[g * stride + t] = <q_g, x~_t> * scale for the G query heads q (G,
- * dim) and rows t < nj of blk.
+ * dim; G <= KVPK_MAX_GROUP) and rows t < nj of blk.
  */
 void kvpk_scores(const KvPk *pk, const uint8_t *blk, const float *q, int G, int nj, float scale,
 		 float *scores, int stride);

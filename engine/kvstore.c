@@ -236,6 +236,10 @@ static int check_plan(const KvCacheShape *shape, const KvPlan *plan, Error *err)
 			const KvType *ty = role ? &t->v : &t->k;
 			if (ty->format == KV_FORMAT_PK && (role || !ty->centered))
 				return error_set(err, KVSTORE_E_PLAN, "layer %d: pk values", l);
+			if (ty->format == KV_FORMAT_PK && shape->n_heads / shape->n_kv_heads > KVPK_MAX_GROUP)
+				return error_set(err, KVSTORE_E_PLAN,
+						 "layer %d: pk keys take at most %d query heads per kv-head",
+						 l, KVPK_MAX_GROUP);
 			if (ty->dim != shape->head_dim ||
 			    (ty->format != KV_FORMAT_TQ && ty->format != KV_FORMAT_PK &&
 			     !kvquant_supports(ty)))

@@ -75,8 +75,21 @@ static void check_block(const KvPk *pk, const float *x, const float *w, const ui
 	for (int t = 0; t < BT; t++) {
 		float y[D];
 		kvpk_decode_row(pk, blk, t, y);
+		size_t col = 0; /* bit offset of coordinate j's column */
 		for (int j = 0; j < D; j++) {
 			int b = bits[j / 2];
+			unsigned code = 0;
+			for (int k = 0; k < b; k++) {
+				size_t bit = col + (size_t)t * b + k;
+				code |= (unsigned)(blk[bit / 8] >> (bit % 8) & 1) << k;
+			}
+			col += (size_t)BT * b;
+			if (b > 0 && sig[j / 2] > 0)
+				ck_assert_msg(y[j] == (float)(sig[j / 2] * pk->centroids[b][code]) ||
+					      fabsf(y[j] - (float)sig[j / 2] * pk->centroids[b][code]) <=
+						      1e-6f * fabsf(y[j]),
+					      "row %d coord %d: %g, its code %u reads %g", t, j, y[j], code,
+					      sig[j / 2] * pk->centroids[b][code]);
 			if (b == 0 || sig[j / 2] == 0) {
 				ck_assert(y[j] == 0.0f);
 				continue;
@@ -164,9 +177,14 @@ START_TEST(short_block)
 			e += pow(x[t * D + 2 * i], 2) + pow(x[t * D + 2 * i + 1], 2);
 		ck_assert_int_eq(scales[i], (int)lround(8 * log2(sqrt(e / 14))) + 128);
 	}
-	for (int t = 7; t < BT; t++)
-		for (size_t b = 0; b < (size_t)pk.code_bits / 8; b++)
-			ck_assert_int_eq(blk[t * (pk.code_bits / 8) + b], 0);
+	/* columns of 32 codes; rows 7.. all zero bits */
+	const uint8_t *nib = scales + P, *col = blk;
+	for (int j = 0; j < D; j++) {
+		int b = (nib[j / 4] >> (4 * (j / 2 % 2))) & 15;
+		for (int bit = 7 * b; bit < BT * b; bit++)
+			ck_assert_msg(!(col[bit / 8] >> (bit % 8) & 1), "coordinate %d, bit %d", j, bit);
+		col += 4 * b;
+	}
 	free(blk);
 	free(whole);
 }
