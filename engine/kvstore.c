@@ -683,7 +683,6 @@ static int pk_stage(KvSide *side, const uint8_t *const *blocks, int64_t pos0, in
 	return 0;
 }
 
-
 /* After attention over positions ..end-1: drop the rows of coded blocks but the last. */
 static void pk_stage_trim(KvSide *side, int64_t end)
 {
@@ -735,10 +734,12 @@ static void pk_encode_ready(KvStore *s, KvLayer *L, int h, int64_t pos0, int64_t
 		for (int t = 0; t < BT; t++)
 			for (int i = 0; i < d; i++)
 				rows[t * d + i] = x[t * d + i] - side->center[i];
-		/* w before position 31's query is seen (a restored cache): equal weights */
-		if (!side->w_chosen)
+		/* rows appended with no attention from position 0 (a random fill): equal weights */
+		if (!side->w_chosen) {
 			for (int i = 0; i < P; i++)
 				side->w[i] = 1.0f;
+			side->w_chosen = true;
+		}
 		kvpk_encode_block(&side->pk, rows, BT, side->w, H->blocks[b]);
 		side->pk_blocks = b + 1;
 	}
@@ -760,7 +761,9 @@ static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 		return r;
 	for (int h = 0; h < kv->shape.n_kv_heads; h++) {
 		KvHead *H = &L->heads[h];
-		if (side_is_pk(&H->k) && (r = pk_stage(&H->k, (const uint8_t *const *)H->blocks, pos0, n_tok, k + (size_t)h * d, row)))
+		if (side_is_pk(&H->k) &&
+		    (r = pk_stage(&H->k, (const uint8_t *const *)H->blocks, pos0, n_tok,
+				  k + (size_t)h * d, row)))
 			return r;
 		for (int64_t t = 0; t < n_tok; t++) {
 			int64_t p = pos0 + t;
