@@ -7,6 +7,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "codebook.h"
@@ -15,38 +16,43 @@
 /* A coordinate of a uniform point on the sphere in this many dimensions is normal to 1e-5. */
 #define KVPK_NORMAL_DIM 65536
 
+/* The normal codebooks, solved once per process (codebook_get() caches them too). */
+static float normal_centroids[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
+static float normal_bounds[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
+static double normal_mse[KVPK_MAX_BITS + 1];
+static int normal_error;
+static pthread_once_t normal_once = PTHREAD_ONCE_INIT;
+
+static void normal_codebooks(void)
+{
+	float s = sqrtf((float)KVPK_NORMAL_DIM);
+	normal_mse[0] = 1.0; /* 0 bits: the value reads as 0 */
+	for (int b = 1; b <= KVPK_MAX_BITS; b++) {
+		const Codebook *cb;
+		if ((normal_error = codebook_get(KVPK_NORMAL_DIM, b, &cb)) != 0)
+			return;
+		for (int i = 0; i < cb->n_levels; i++)
+			normal_centroids[b][i] = cb->centroids[i] * s;
+		for (int i = 0; i + 1 < cb->n_levels; i++)
+			normal_bounds[b][i] = cb->boundaries[i] * s;
+		normal_mse[b] = cb->mse_coord * KVPK_NORMAL_DIM;
+	}
+}
+
 int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes)
 {
-	static float cent[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
-	static float bound[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
-	static double mse[KVPK_MAX_BITS + 1];
-	static int ready; /* written once under codebook_get's lock in practice; idempotent */
-
-	if (dim < 16 || dim > KVPK_MAX_DIM || dim % 4 || code_bits % 8 || code_bits < 8 || code_bits > KVPK_MAX_BITS * dim ||
+	if (dim < 16 || dim > KVPK_MAX_DIM || dim % 4 || code_bits % 8 || code_bits < 8 ||
+	    code_bits > KVPK_MAX_BITS * dim ||
 	    row_bytes * BT < (size_t)BT * code_bits / 8 + (size_t)dim / 2 + (size_t)dim / 4)
 		return -EINVAL;
-	if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
-		float s = sqrtf((float)KVPK_NORMAL_DIM);
-		mse[0] = 1.0;
-		cent[0][0] = 0.0f;
-		for (int b = 1; b <= KVPK_MAX_BITS; b++) {
-			const Codebook *cb;
-			int r = codebook_get(KVPK_NORMAL_DIM, b, &cb);
-			if (r)
-				return r;
-			for (int i = 0; i < cb->n_levels; i++)
-				cent[b][i] = cb->centroids[i] * s;
-			for (int i = 0; i + 1 < cb->n_levels; i++)
-				bound[b][i] = cb->boundaries[i] * s;
-			mse[b] = cb->mse_coord * KVPK_NORMAL_DIM;
-		}
-		__atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
-	}
+	pthread_once(&normal_once, normal_codebooks);
+	if (normal_error)
+		return normal_error;
 	*pk = (KvPk){ .dim = dim, .code_bits = code_bits, .row_bytes = row_bytes };
 	for (int b = 0; b <= KVPK_MAX_BITS; b++) {
-		pk->centroids[b] = cent[b];
-		pk->bounds[b] = bound[b];
-		pk->mse[b] = mse[b];
+		pk->centroids[b] = normal_centroids[b];
+		pk->bounds[b] = normal_bounds[b];
+		pk->mse[b] = normal_mse[b];
 	}
 	return 0;
 }
