@@ -129,13 +129,15 @@ enum {
 
 /*
  * The daemon's default KV type, chosen by measurement (docs/benchmarks.md,
- * "Issue 5: fidelity" and "Centered keys"): tq5 keys, centered (+c), and
- * tq3.5 values, norm-corrected, 4.5 bits per value like q4_0+h.
- * Keys get the bits because their errors pass through the softmax.
- * KV_DEFAULT_SPEC_GPU is the default where the cache lives on a GPU: the
- * same without +c, which the CUDA kernels do not have yet.
+ * "Issue 5: fidelity", "Centered keys" and "Pair-coded keys"): pair-coded
+ * keys at 5 bits (kvpk.h, centered like +c) and TurboQuant values at 3.5
+ * bits, norm-corrected, 4.5 bits per value like q4_0+h. Keys get the bits
+ * because their errors pass through the softmax.
+ * KV_DEFAULT_SPEC_GPU is the default where the cache lives on a GPU:
+ * TurboQuant keys without +c, since the CUDA kernels have neither pk nor +c
+ * yet.
  */
-#define KV_DEFAULT_SPEC "tq5_nc+c:tq3.5_nc"
+#define KV_DEFAULT_SPEC "pk5:tq3.5_nc"
 #define KV_DEFAULT_SPEC_GPU "tq5_nc:tq3.5_nc"
 
 typedef enum KvFormat {

@@ -255,11 +255,11 @@ static int check_refusals(void)
 	KvCacheShape cs = { .n_layers = 1, .n_heads = N_HEADS, .n_kv_heads = N_KV_HEADS,
 			    .head_dim = DIM, .capacity = 64 };
 	/* centered keys: no GPU kernels yet, so a clear refusal rather than wrong scores */
-	int r = kvplan_from_text(KV_DEFAULT_SPEC, 1, N_KV_HEADS, DIM, &plan, &err);
+	int r = kvplan_from_text("tq5_nc+c:tq3.5_nc", 1, N_KV_HEADS, DIM, &plan, &err);
 	if (!r)
 		r = cuda_kvcache_new(&cs, plan, SEED, &kv, &err);
 	bool said = strstr(err.msg, "+c") != NULL;
-	printf("%s refuse %s: %d (%s)\n", r == -EINVAL && said ? "ok  " : "FAIL", KV_DEFAULT_SPEC, r,
+	printf("%s refuse tq5_nc+c:tq3.5_nc: %d (%s)\n", r == -EINVAL && said ? "ok  " : "FAIL", r,
 	       err.msg);
 	failed |= r != -EINVAL || !said;
 	plan = kvplan_free(plan);

@@ -35,7 +35,7 @@ N_TOKENS = 12
 
 RUNNING = []
 # The daemon's default KV type (engine/kvtype.h KV_DEFAULT_SPEC): golden answers use the same cache.
-DEFAULT_KV = "tq5_nc+c:tq3.5_nc"
+DEFAULT_KV = "pk5:tq3.5_nc"
 
 
 class Daemon:
