@@ -1,7 +1,8 @@
 /*
  * kvpk.h: pair-coded keys, the `pk<B>` key type (kvtype.h): one block of
- * KVPK_BLOCK (= KVSTORE_BLOCK_TOKENS) centered keys of one (layer, kv-head) at a time,
- * each RoPE pair (channels 2i, 2i+1) with its own scale and bit width.
+ * KVPK_BLOCK (= KVSTORE_BLOCK_TOKENS) centered keys of one (layer,
+ * kv-head) at a time, each RoPE pair (channels 2i, 2i+1) with its own
+ * scale and bit width.
  *
  * Why. Attention needs <q, k>, and its error for a key error e is
  * <q, e>: coordinates where queries are large count most. TurboQuant's
@@ -25,8 +26,11 @@
  *                        Lloyd-Max codebook of a standard normal. Columns,
  *                        because every row of a column has the same width
  *                        and attention reads all 32 rows
- *   d / 2                scale bytes: sigma_i = 2^((s_i - 128) / 8),
- *                        s_i = 0 for a pair that is all zero
+ *   d / 2                scale bytes: s_i = round(8 log2 rms_i) + 128
+ *                        clamped to 1..255, rms_i over the block's rows
+ *                        and both channels of pair i; sigma_i =
+ *                        2^((s_i - 128) / 8); s_i = 0 for a pair that
+ *                        is all zero
  *   d / 4                bit widths, two per byte (low nibble first),
  *                        0..8, summing to pk_bits / 2
  *   rest                 zero

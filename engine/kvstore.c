@@ -17,6 +17,7 @@
 #include "rotation.h"
 
 #define BT KVSTORE_BLOCK_TOKENS
+static_assert(KVPK_BLOCK == KVSTORE_BLOCK_TOKENS, "pk blocks are the store's blocks");
 #define KVSTORE_SEED_DOMAIN 0x6b7673746f726531ull /* "kvstore1" */
 #define KVSTORE_SPLIT_MIN_BLOCKS 8                /* auto split: at least 256 tokens per item */
 
