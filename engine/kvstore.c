@@ -407,7 +407,7 @@ int kvstore_pk_state(const KvCache *kv, int layer, int head, int64_t n_kv, bool 
 	if (!side_is_pk(s))
 		return KVSTORE_E_NO_DESC;
 	int64_t whole = MAX(1, n_kv / BT);
-	if (s->pk_blocks < whole)
+	if (s->pk_blocks < whole || (n_kv >= BT && !s->w_chosen))
 		return -EAGAIN;
 	*ret_chosen = s->w_chosen;
 	memcpy(qe, s->qe, (size_t)BT * d / 2 * sizeof(float));
@@ -431,21 +431,21 @@ int kvstore_pk_put(KvCache *kv, int layer, int head, int64_t n_kv, bool chosen, 
 	if (!side_is_pk(s))
 		return KVSTORE_E_NO_DESC;
 	int64_t whole = MAX(1, n_kv / BT);
-	if (!chosen && whole > 1)
+	int64_t from = MAX((int64_t)BT, (whole - 1) * BT), n_tail = n_kv - from;
+	if ((!chosen && n_kv >= BT) || (n_kv < BT && !qe))
 		return -EINVAL;
-	for (int i = 0; i < BT * d / 2; i++)
+	for (int i = 0; qe && i < BT * d / 2; i++)
 		if (!isfinite(qe[i]) || qe[i] < 0)
 			return -EINVAL;
 	for (int i = 0; i < d / 2; i++)
 		if (!isfinite(w[i]) || w[i] < 0 || (!chosen && w[i] != 0))
 			return -EINVAL;
-	for (int i = 0; i < 2 * BT * d; i++)
+	for (int64_t i = 0; i < MAX(0, n_tail) * d; i++)
 		if (!isfinite(tail[i]))
 			return -EINVAL;
 	for (int64_t b = 1; b < whole; b++)
 		if (b >= H->cap_blocks || !H->blocks[b] || !kvpk_block_coded(&s->pk, H->blocks[b]))
 			return -EINVAL;
-	int64_t from = MAX((int64_t)BT, (whole - 1) * BT), n_tail = n_kv - from;
 	if (n_tail > s->stage_cap) {
 		float *grown = realloc(s->stage, (size_t)2 * BT * d * sizeof(float));
 		if (!grown)
@@ -453,7 +453,10 @@ int kvstore_pk_put(KvCache *kv, int layer, int head, int64_t n_kv, bool chosen, 
 		s->stage = grown;
 		s->stage_cap = 2 * BT;
 	}
-	memcpy(s->qe, qe, (size_t)BT * d / 2 * sizeof(float));
+	if (qe)
+		memcpy(s->qe, qe, (size_t)BT * d / 2 * sizeof(float));
+	else
+		memset(s->qe, 0, (size_t)BT * d / 2 * sizeof(float));
 	memcpy(s->w, w, (size_t)d / 2 * sizeof(float));
 	s->w_chosen = chosen;
 	s->pk_blocks = whole;

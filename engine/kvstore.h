@@ -197,23 +197,26 @@ int kvstore_key_center_put(KvCache *kv, int layer, int head, bool chosen, const 
 
 /*
  * A pk key side (kvpk.h) of (layer, head) holding n_kv tokens: the query
- * energies of positions 0..31 into qe (32 * head_dim / 2 floats), the
- * pair weights into w (head_dim / 2; all zero while not chosen), and the
- * exact keys of the last coded block and the partial one after it into
- * tail (64 * head_dim floats: positions from max(32, 32 * (n_kv / 32 -
- * 1)) to n_kv - 1, the rest zero; block 0 is kvstore_key_center()'s).
- * Returns 0,
- * KVSTORE_E_NO_DESC (not a pk side), or -EAGAIN (a whole block not coded
- * yet: appended rows that no attention has read).
+ * energies of positions 0..31 into qe (32 * head_dim / 2 floats; needed
+ * only while the weights are not chosen, which they are from n_kv >= 32
+ * on), the pair weights into w (head_dim / 2; all zero while not chosen),
+ * and the exact keys of the last coded block and the partial one after it
+ * into tail (room for 64 * head_dim floats: positions from max(32, 32 *
+ * (n_kv / 32 - 1)) to n_kv - 1, the rest zero; block 0 is
+ * kvstore_key_center()'s). Returns 0, KVSTORE_E_NO_DESC (not a pk side),
+ * or -EAGAIN (appended rows that no attention has read: a whole block not
+ * coded, or no weights with 32 tokens or more).
  */
 int kvstore_pk_state(const KvCache *kv, int layer, int head, int64_t n_kv, bool *ret_chosen,
 		     float *qe, float *w, float *tail);
 
 /*
  * Session restore, after the blocks: install what kvstore_pk_state()
- * returned for n_kv tokens. Returns 0, KVSTORE_E_NO_DESC or -EINVAL (a
- * value not finite or negative, weights while not chosen, none while a
- * block is coded, or a coded block whose bit widths do not add up).
+ * returned for n_kv tokens; qe may be NULL from 32 tokens on, and tail
+ * holds just the rows named there. Returns 0, KVSTORE_E_NO_DESC or
+ * -EINVAL (a value not finite or negative, weights while not chosen, none
+ * from 32 tokens on, no qe below, or a coded block whose bit widths do not
+ * add up).
  */
 int kvstore_pk_put(KvCache *kv, int layer, int head, int64_t n_kv, bool chosen, const float *qe,
 		   const float *w, const float *tail);

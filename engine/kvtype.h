@@ -77,11 +77,12 @@
  * pk2.5, pk4.125 at d = 64). It spends the bits where query and key
  * energy meet, which a rotation cannot (TurboQuant gives every
  * coordinate the same bits). Costs: the keys of a block wait in f32 until
- * the block is whole (at most 31 per (layer, kv-head) between appends, a
- * prompt chunk during one), and a query reads its own block exact, so
- * scores do not depend on how a prompt was split. A rewind into a coded
- * block reads its earlier rows back from the codes (they are coded again
- * once the block is whole). No GPU kernels yet.
+ * the block is whole, and those of the last coded block stay too (at most
+ * 63 per (layer, kv-head) between appends, plus a prompt chunk during
+ * one); a query reads its own block exact, so scores do not depend on how
+ * a prompt was split. A rewind past the last coded block reads that
+ * block's earlier rows back from the codes (they are coded again once the
+ * block is whole). No GPU kernels yet.
  *
  * == Spec grammar (`--kv SPEC`) ==
  *

@@ -66,15 +66,23 @@ static size_t center_record_bytes(int head_dim)
 	return 8 + (1 + (size_t)BT) * (size_t)head_dim * sizeof(float);
 }
 
-/* Floats of one pk-key record after its 8-byte head: query energies, weights, tail keys. */
-static size_t pk_record_floats(int head_dim)
+/* Exact keys a pk-key record holds for n_kv tokens: positions max(32, 32 (n_kv / 32 - 1)).. */
+static size_t pk_tail_rows(uint32_t n_kv)
 {
-	return (size_t)BT * head_dim / 2 + (size_t)head_dim / 2 + 2 * (size_t)BT * head_dim;
+	uint32_t whole = MAX(1u, n_kv / BT), from = MAX((uint32_t)BT, (whole - 1) * BT);
+	return n_kv > from ? n_kv - from : 0;
 }
 
-static size_t pk_record_bytes(int head_dim)
+/* Floats of one pk-key record after its 8-byte head: weights, query energies (below 32 tokens), tail. */
+static size_t pk_record_floats(int head_dim, uint32_t n_kv)
 {
-	return 8 + 4 * pk_record_floats(head_dim);
+	size_t d = (size_t)head_dim;
+	return d / 2 + (n_kv < BT ? BT * d / 2 : 0) + pk_tail_rows(n_kv) * d;
+}
+
+static size_t pk_record_bytes(int head_dim, uint32_t n_kv)
+{
+	return 8 + 4 * pk_record_floats(head_dim, n_kv);
 }
 
 static bool type_is_pk(const KvType *t)
@@ -82,14 +90,14 @@ static bool type_is_pk(const KvType *t)
 	return t->format == KV_FORMAT_PK;
 }
 
-/* KV section bytes of one layer's entry: 4 + descriptor, centered-key and pk records. */
-static size_t kv_layer_entry_bytes(const KvLayerTypes *lt, int n_kv_heads)
+/* KV section bytes of one layer's entry for n_kv tokens: 4 + descriptor, centered-key and pk records. */
+static size_t kv_layer_entry_bytes(const KvLayerTypes *lt, int n_kv_heads, uint32_t n_kv)
 {
 	size_t per_head = (type_is_tq(&lt->k) + type_is_tq(&lt->v)) * (size_t)TQ_DESC_RECORD_BYTES;
 	if (lt->k.centered)
 		per_head += center_record_bytes(lt->k.dim);
 	if (type_is_pk(&lt->k))
-		per_head += pk_record_bytes(lt->k.dim);
+		per_head += pk_record_bytes(lt->k.dim, n_kv);
 	return 4 + per_head * (size_t)n_kv_heads;
 }
 
@@ -266,7 +274,7 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 	for (int i = 0; i < sh->n_layers; i++) {
 		KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32 }, .v = { .format = KV_FORMAT_F32 } };
 		const KvLayerTypes *lt = l->f32 ? &f32 : kvstore_layer_types(kv, i);
-		l->kv_len += kv_layer_entry_bytes(lt, sh->n_kv_heads);
+		l->kv_len += kv_layer_entry_bytes(lt, sh->n_kv_heads, (uint32_t)n_kv);
 		l->centered |= lt->k.centered;
 		l->pk |= type_is_pk(&lt->k);
 		l->block_bytes[i] = l->f32 ? f32_block_bytes(sh->head_dim) : kvstore_block_bytes(kv, i);
@@ -356,23 +364,26 @@ static int write_kv_section(Out *o, const Layout *l, const SessionState *s, cons
 				}
 			}
 			if (type_is_pk(&lt->k)) {
-				size_t d = (size_t)l->head_dim, n = pk_record_floats(l->head_dim);
-				_cleanup_(freep) float *f = malloc_array(n, sizeof(float));
+				/* kvstore_pk_state()'s arrays: w, qe, tail; the record: w, qe below 32 tokens, tail */
+				size_t d = (size_t)l->head_dim, P = d / 2;
+				_cleanup_(freep) float *f = malloc_array(P + BT * P + 2 * BT * d, sizeof(float));
 				bool chosen;
 				if (!f)
 					return error_set(err, -ENOMEM, "out of memory");
-				if (kvstore_pk_state(kv, i, h, l->n_kv, &chosen, f, f + BT * d / 2,
-						     f + BT * d / 2 + d / 2) != 0)
+				if (kvstore_pk_state(kv, i, h, l->n_kv, &chosen, f + P, f, f + P + BT * P) != 0)
 					return error_set(err, -EINVAL,
 							 "layer %d head %d: pk keys appended but not attended",
 							 i, h);
 				out_u32(o, chosen);
 				out_u32(o, 0);
-				for (size_t x = 0; x < n; x++) {
-					uint32_t bits;
-					memcpy(&bits, &f[x], 4);
-					out_u32(o, bits);
-				}
+				const float *parts[3] = { f, f + P, f + P + BT * P };
+				size_t lens[3] = { P, l->n_kv < BT ? BT * P : 0, pk_tail_rows(l->n_kv) * d };
+				for (int part = 0; part < 3; part++)
+					for (size_t x = 0; x < lens[part]; x++) {
+						uint32_t bits;
+						memcpy(&bits, &parts[part][x], 4);
+						out_u32(o, bits);
+					}
 			}
 		}
 	}
@@ -698,7 +709,7 @@ static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCa
 	expect += spec_len;
 	for (int i = 0; i < n_layers; i++) {
 		KvLayerTypes lt = plan_layer(e, i);
-		expect += kv_layer_entry_bytes(&lt, n_heads);
+		expect += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
 	}
 	if (len != expect) /* checksummed, so not damage: a file of another KV type */
 		return error_set(err, SESSION_E_KV_TYPE, "KV section of %llu bytes, this daemon's KV type needs %llu",
@@ -724,7 +735,7 @@ static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCa
 			return error_set(err, SESSION_E_KV_TYPE, "layer %d: saved with other K/V formats", i);
 		centered |= lt.k.centered;
 		pk |= type_is_pk(&lt.k);
-		p += kv_layer_entry_bytes(&lt, n_heads);
+		p += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
 	}
 	if (hd->version != file_version(centered, pk))
 		return error_set(err, SESSION_E_KV_SECTION, "version %u with%s centered keys", hd->version,
@@ -760,7 +771,7 @@ static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCa
 			if (lt.k.centered && (r = read_center(&p, kv, hd->n_kv, i, h, err)) != 0)
 				return r;
 			if (type_is_pk(&lt.k))
-				p += pk_record_bytes(lt.k.dim); /* read_pk(), once the blocks are in */
+				p += pk_record_bytes(lt.k.dim, hd->n_kv); /* read_pk(), once the blocks are in */
 		}
 	}
 	in->kv_payload = p0;
@@ -781,11 +792,11 @@ static int read_pk(const uint8_t *p, const SessionHeader *hd, const SessionExpec
 	for (int i = 0; i < n_layers; i++) {
 		KvLayerTypes lt = plan_layer(e, i);
 		if (!type_is_pk(&lt.k)) {
-			p += kv_layer_entry_bytes(&lt, n_heads);
+			p += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
 			continue;
 		}
 		p += 4;
-		size_t d = (size_t)lt.k.dim, n = pk_record_floats(lt.k.dim);
+		size_t d = (size_t)lt.k.dim, n = pk_record_floats(lt.k.dim, hd->n_kv);
 		_cleanup_(freep) float *f = malloc_array(n, sizeof(float));
 		if (!f)
 			return error_set(err, -ENOMEM, "out of memory");
@@ -799,7 +810,10 @@ static int read_pk(const uint8_t *p, const SessionHeader *hd, const SessionExpec
 				uint32_t bits = (uint32_t)get_le(p + 8 + 4 * x, 4);
 				memcpy(&f[x], &bits, 4);
 			}
-			int r = kvstore_pk_put(kv, i, h, hd->n_kv, chosen, f, f + BT * d / 2, f + BT * d / 2 + d / 2);
+			/* w, then qe below 32 tokens, then the tail */
+			const float *qe = hd->n_kv < BT ? f + d / 2 : NULL;
+			const float *tail = f + d / 2 + (qe ? BT * d / 2 : 0);
+			int r = kvstore_pk_put(kv, i, h, hd->n_kv, chosen, qe, f, tail);
 			if (r == -ENOMEM)
 				return error_set(err, r, "out of memory");
 			if (r != 0)
@@ -807,7 +821,7 @@ static int read_pk(const uint8_t *p, const SessionHeader *hd, const SessionExpec
 						 "layer %d head %d: pk keys: a weight, energy or key not "
 						 "finite, weights missing, or a coded block that cannot be read",
 						 i, h);
-			p += pk_record_bytes(lt.k.dim);
+			p += pk_record_bytes(lt.k.dim, hd->n_kv);
 		}
 	}
 	return 0;

@@ -54,14 +54,14 @@
  *          whenever n_kv > 32), u32 0, head_dim f32 mu (all zero while not
  *          chosen), 32 x head_dim f32 keys of positions 0..31
  *          (kvstore_key_center(); all finite); then, if K is pk (which
- *          is always +c), 8 + 4 (80 + 1 / 2) head_dim bytes
- *          (kvstore_pk_state()): u32 1 if the pair weights are chosen
- *          else 0 (1 whenever n_kv >= 32), u32 0, 16 head_dim f32 query
- *          energies (positions 0..31), head_dim / 2 f32 weights (zero
- *          while not chosen), 64 head_dim f32 exact keys of positions
- *          max(32, 32 (n_kv / 32 - 1)) .. n_kv - 1 (the last coded block
- *          and the partial one; zero past n_kv); all finite, none
- *          negative but the keys
+ *          is always +c), kvstore_pk_state()'s: u32 1 if the pair
+ *          weights are chosen else 0 (1 whenever n_kv >= 32), u32 0,
+ *          head_dim / 2 f32 weights (zero while not chosen); only when
+ *          n_kv < 32, 16 head_dim f32 query energies (positions 0..31);
+ *          then the exact keys of positions max(32, 32 (n_kv / 32 - 1))
+ *          .. n_kv - 1 (the last coded block and the partial one; none
+ *          below 33 tokens), head_dim f32 each; all finite, none negative
+ *          but the keys
  *   Kind 0 has every format f32 without +h.
  *
  * TOKENS (id 2): n_tokens x u32 token id, each < the model's vocabulary.
