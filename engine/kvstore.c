@@ -417,8 +417,22 @@ int kvstore_pk_state(const KvCache *kv, int layer, int head, int64_t n_kv, bool 
 		memset(w, 0, (size_t)d / 2 * sizeof(float));
 	int64_t from = MAX((int64_t)BT, (whole - 1) * BT);
 	memset(tail, 0, (size_t)2 * BT * d * sizeof(float));
-	for (int64_t p = from; p < n_kv; p++)
-		memcpy(tail + (size_t)(p - from) * d, pk_stage_row(s, p), (size_t)d * sizeof(float));
+	for (int64_t p = from; p < n_kv; p++) {
+		float *y = tail + (size_t)(p - from) * d;
+		if (p >= s->stage_pos) {
+			memcpy(y, pk_stage_row(s, p), (size_t)d * sizeof(float));
+			continue;
+		}
+		/*
+		 * Rows appended past n_kv and attended (an evaluation that was
+		 * then abandoned) coded later blocks and let these rows go:
+		 * they read back from the codes, as the next append would.
+		 */
+		const KvHead *H = &store_of(kv)->layers[layer].heads[head];
+		kvpk_decode_row(&s->pk, H->blocks[p / BT], (int)(p % BT), y);
+		for (int i = 0; i < d; i++)
+			y[i] += s->center[i];
+	}
 	return 0;
 }
 

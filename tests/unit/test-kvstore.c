@@ -569,6 +569,76 @@ START_TEST(pk_split_and_rewind)
 }
 END_TEST
 
+/*
+ * pk keys after an evaluation that appended and attended rows past
+ * n_tokens and was then abandoned (the daemon's cancel): the state a
+ * session saves reads the rows the stage let go back from the codes, and a
+ * cache restored from it continues exactly as the original does.
+ */
+START_TEST(pk_abandoned_rows)
+{
+	enum { N = 300, KEEP = 100, MORE = 37 };
+	KvCacheShape sh = { .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64, .capacity = N };
+	int d = 64;
+	size_t row = 2 * 64, qrow = 4 * 64;
+	uint64_t st = test_seed() + 5;
+	float *k = malloc(sizeof(float) * N * row), *v = malloc(sizeof(float) * N * row);
+	float *q = malloc(sizeof(float) * N * qrow), *out = malloc(sizeof(float) * N * qrow);
+	float *o1 = malloc(sizeof(float) * MORE * qrow), *o2 = malloc(sizeof(float) * MORE * qrow);
+	ck_assert(k && v && q && out && o1 && o2);
+	for (size_t i = 0; i < N * row; i++) {
+		k[i] = test_rand_normal(&st) + (i % 7 == 0 ? 2.0f : 0.0f);
+		v[i] = test_rand_normal(&st);
+	}
+	for (size_t i = 0; i < N * qrow; i++)
+		q[i] = test_rand_normal(&st);
+	KvPlan *plan = NULL;
+	ck_assert_int_eq(kvplan_from_text("pk4:tq3", 1, 2, d, &plan, NULL), 0);
+	KvCache *a = NULL, *b = NULL;
+	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 3, &a, NULL), 0);
+	ck_assert_int_eq(kvcache_append(a, 0, 0, KEEP, k, v), 0);
+	kvcache_attend(a, NULL, 0, 0, KEEP, q, out);
+	kvcache_set_n_tokens(a, KEEP);
+	/* the abandoned evaluation: 150 more rows, attended, never committed */
+	ck_assert_int_eq(kvcache_append(a, 0, KEEP, 150, k + KEEP * row, v + KEEP * row), 0);
+	kvcache_attend(a, NULL, 0, KEEP, 150, q + KEEP * qrow, out);
+
+	/* a copy by the session route: blocks, mu and block 0, the pk state */
+	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 3, &b, NULL), 0);
+	for (int h = 0; h < 2; h++) {
+		for (int64_t blk = 0; blk * 32 < KEEP; blk++)
+			ck_assert_int_eq(kvstore_block_put(b, 0, h, blk, kvstore_block(a, 0, h, blk),
+							   kvstore_block_bytes(a, 0)), 0);
+		float mu[33 * 64], qe[16 * 64], w[32], tail[64 * 64];
+		bool chosen;
+		ck_assert_int_eq(kvstore_key_center(a, 0, h, &chosen, mu, mu + d), 0);
+		ck_assert_int_eq(kvstore_key_center_put(b, 0, h, chosen, mu, mu + d), 0);
+		ck_assert_int_eq(kvstore_pk_state(a, 0, h, KEEP, &chosen, qe, w, tail), 0);
+		ck_assert(chosen);
+		for (int i = 0; i < (KEEP - 64) * d; i++) /* rows 64..99: near the keys, not exact */
+			ck_assert(isfinite(tail[i]) && fabsf(tail[i] - k[(64 + i / d) * row + h * d + i % d]) < 1.5f);
+		ck_assert_int_eq(kvstore_pk_put(b, 0, h, KEEP, chosen, NULL, w, tail), 0);
+	}
+	kvcache_set_n_tokens(b, KEEP);
+	/* both continue from 100 with other rows: the same outputs */
+	for (int c = 0; c < 2; c++) {
+		KvCache *kv = c ? b : a;
+		ck_assert_int_eq(kvcache_append(kv, 0, KEEP, MORE, k + 200 * row, v + 200 * row), 0);
+		kvcache_attend(kv, NULL, 0, KEEP, MORE, q + 200 * qrow, c ? o2 : o1);
+	}
+	ck_assert(memcmp(o1, o2, sizeof(float) * MORE * qrow) == 0);
+	kvcache_free(a);
+	kvcache_free(b);
+	kvplan_free(plan);
+	free(k);
+	free(v);
+	free(q);
+	free(out);
+	free(o1);
+	free(o2);
+}
+END_TEST
+
 START_TEST(rewind_reuses_blocks)
 {
 	Inputs in = random_inputs(test_seed() + 99);
@@ -798,6 +868,7 @@ static Suite *kvstore_suite(void)
 	tcase_add_test(tc, rewind_reuses_blocks);
 	tcase_add_test(tc, centered_split_invariant_and_better);
 	tcase_add_test(tc, pk_split_and_rewind);
+	tcase_add_test(tc, pk_abandoned_rows);
 	suite_add_tcase(s, tc);
 
 	TCase *tm = tcase_create("model");
