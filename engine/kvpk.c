@@ -85,7 +85,14 @@ static uint8_t quantize(const float *bounds, int bits, float t)
 	return (uint8_t)idx;
 }
 
-void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *w, uint8_t *blk)
+/* Row t's coordinate j as coded: x - mu. */
+static float centered(const float *x, const float *mu, int d, int t, int j)
+{
+	return mu ? x[t * d + j] - mu[j] : x[t * d + j];
+}
+
+void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *mu, const float *w,
+		       uint8_t *blk)
 {
 	const int d = pk->dim, P = d / 2;
 	uint8_t *scales = blk + BT * code_bytes(pk), *nib = scales + P;
@@ -96,9 +103,10 @@ void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *w, ui
 	/* per pair: the RMS over the block's rows and both channels, on a 1/8-octave grid */
 	for (int i = 0; i < P; i++) {
 		double e = 0;
-		for (int t = 0; t < n; t++)
-			e += (double)x[t * d + 2 * i] * x[t * d + 2 * i] +
-			     (double)x[t * d + 2 * i + 1] * x[t * d + 2 * i + 1];
+		for (int t = 0; t < n; t++) {
+			double a = centered(x, mu, d, t, 2 * i), b = centered(x, mu, d, t, 2 * i + 1);
+			e += a * a + b * b;
+		}
 		double rms = n > 0 ? sqrt(e / (2.0 * n)) : 0.0;
 		long s = rms > 0 && isfinite(rms) ? lround(log2(rms) * 8.0) + 128 : 0;
 		scales[i] = rms > 0 ? (uint8_t)(s < 1 ? 1 : s > 255 ? 255 : s) : 0;
@@ -128,7 +136,7 @@ void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *w, ui
 		int b = bits[j / 2];
 		float s = sigma[j / 2]; /* 0: an all-zero pair, any code reads as 0 */
 		for (int t = 0; t < n && b > 0; t++) {
-			unsigned idx = s > 0.0f ? quantize(pk->bounds[b], b, x[t * d + j] / s) : 0;
+			unsigned idx = s > 0.0f ? quantize(pk->bounds[b], b, centered(x, mu, d, t, j) / s) : 0;
 			unsigned at = (unsigned)t * (unsigned)b;
 			col[at / 8] |= (uint8_t)(idx << (at % 8));
 			if (at % 8 + (unsigned)b > 8)

@@ -67,10 +67,12 @@ typedef struct KvPk {
 int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes);
 
 /*
- * Encode n rows x (n, dim) (centered keys; n <= BT, rows past n are zero)
- * with query pair energies w (dim / 2,) into blk (BT * row_bytes).
+ * Encode n keys x (n, dim) minus mu (dim,; NULL: x is centered already)
+ * with query pair energies w (dim / 2,) into blk (BT * row_bytes); n <=
+ * BT, rows past n are zero.
  */
-void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *w, uint8_t *blk);
+void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *mu, const float *w,
+		       uint8_t *blk);
 
 /*
  * Whether blk holds a coded block: every bit width <= 8, adding up to

@@ -119,6 +119,20 @@ static const float *pk_stage_row(const KvSide *side, int64_t p)
 	return side->stage + (size_t)(p - side->stage_pos) * side->type.dim;
 }
 
+/* Room for the stage to hold rows rows (growing at least twofold). 0 or -ENOMEM. */
+static int pk_stage_reserve(KvSide *side, int64_t rows)
+{
+	if (rows <= side->stage_cap)
+		return 0;
+	int64_t cap = MAX(rows, 2 * side->stage_cap);
+	float *grown = realloc(side->stage, (size_t)cap * side->type.dim * sizeof(float));
+	if (!grown)
+		return -ENOMEM;
+	side->stage = grown;
+	side->stage_cap = cap;
+	return 0;
+}
+
 /* Build the codec of a TQ side whose descriptor is complete, and its kernel view. */
 static int side_codec_new(KvSide *s, KvRole role, Error *err)
 {
@@ -460,13 +474,8 @@ int kvstore_pk_put(KvCache *kv, int layer, int head, int64_t n_kv, bool chosen, 
 	for (int64_t b = 1; b < whole; b++)
 		if (b >= H->cap_blocks || !H->blocks[b] || !kvpk_block_coded(&s->pk, H->blocks[b]))
 			return -EINVAL;
-	if (n_tail > s->stage_cap) {
-		float *grown = realloc(s->stage, (size_t)2 * BT * d * sizeof(float));
-		if (!grown)
-			return -ENOMEM;
-		s->stage = grown;
-		s->stage_cap = 2 * BT;
-	}
+	if (pk_stage_reserve(s, n_tail) < 0)
+		return -ENOMEM;
 	if (qe)
 		memcpy(s->qe, qe, (size_t)BT * d / 2 * sizeof(float));
 	else
@@ -667,13 +676,8 @@ static int pk_stage(KvSide *side, const uint8_t *const *blocks, int64_t pos0, in
 		int64_t b = MAX(1, pos0 / BT);
 		if (b * BT < side->stage_pos && pos0 > b * BT) {
 			/* the block is coded: its first pos0 - b*BT rows come back from the codes */
-			if (side->stage_cap < BT) {
-				float *grown = realloc(side->stage, (size_t)BT * d * sizeof(float));
-				if (!grown)
-					return -ENOMEM;
-				side->stage = grown;
-				side->stage_cap = BT;
-			}
+			if (pk_stage_reserve(side, BT) < 0)
+				return -ENOMEM;
 			for (int t = 0; t < pos0 - b * BT; t++) {
 				float *y = side->stage + (size_t)t * d;
 				kvpk_decode_row(&side->pk, blocks[b], t, y);
@@ -686,14 +690,8 @@ static int pk_stage(KvSide *side, const uint8_t *const *blocks, int64_t pos0, in
 		}
 		side->pk_blocks = b;
 	}
-	if (end - side->stage_pos > side->stage_cap) {
-		int64_t cap = MAX(end - side->stage_pos, 2 * side->stage_cap);
-		float *grown = realloc(side->stage, (size_t)cap * d * sizeof(float));
-		if (!grown)
-			return -ENOMEM;
-		side->stage = grown;
-		side->stage_cap = cap;
-	}
+	if (pk_stage_reserve(side, end - side->stage_pos) < 0)
+		return -ENOMEM;
 	for (int64_t t = 0; t < n_tok; t++)
 		if (pos0 + t >= side->stage_pos)
 			memcpy(side->stage + (size_t)(pos0 + t - side->stage_pos) * d,
@@ -746,19 +744,15 @@ static void pk_encode_ready(KvStore *s, KvLayer *L, int h, int64_t pos0, int64_t
 			side->w_chosen = true;
 		}
 	}
-	float rows[BT * TQ_MAX_DIM];
 	for (int64_t b = side->pk_blocks; (b + 1) * BT <= pos0 + n_tok; b++) {
-		const float *x = pk_stage_row(side, b * BT);
-		for (int t = 0; t < BT; t++)
-			for (int i = 0; i < d; i++)
-				rows[t * d + i] = x[t * d + i] - side->center[i];
 		/* rows appended with no attention from position 0 (a random fill): equal weights */
 		if (!side->w_chosen) {
 			for (int i = 0; i < P; i++)
 				side->w[i] = 1.0f;
 			side->w_chosen = true;
 		}
-		kvpk_encode_block(&side->pk, rows, BT, side->w, H->blocks[b]);
+		kvpk_encode_block(&side->pk, pk_stage_row(side, b * BT), BT, side->center, side->w,
+				  H->blocks[b]);
 		side->pk_blocks = b + 1;
 	}
 }
@@ -874,6 +868,19 @@ static int store_scratch_reserve(KvStore *s, int nth, int G)
 	return 0;
 }
 
+/* scores[g * stride + p] = <q_g, x_p> * scale over exact rows x (nj, d), in f32. */
+static void exact_scores(const float *x, int d, const float *q, int G, int nj, float scale,
+			 float *scores, int stride)
+{
+	for (int g = 0; g < G; g++)
+		for (int p = 0; p < nj; p++) {
+			float sum = 0.0f;
+			for (int i = 0; i < d; i++)
+				sum += q[(size_t)g * d + i] * x[(size_t)p * d + i];
+			scores[(size_t)g * stride + p] = sum * scale;
+		}
+}
+
 /*
  * +c keys (kvtype.h): the scores, for the G query heads q (G, d), of the
  * rows of block b that the kernel scored from stored codes. Block 0 is
@@ -885,22 +892,13 @@ static int store_scratch_reserve(KvStore *s, int nth, int G)
 static void centered_scores(const KvSide *ks, const float *q, int G, int64_t b, int nj, float scale,
 			    const float *qmu, float *scores, int stride)
 {
-	int d = ks->type.dim;
-	for (int g = 0; g < G; g++) {
-		float *sg = scores + (size_t)g * stride;
-		if (b > 0) {
-			for (int p = 0; p < nj; p++)
-				sg[p] += qmu[g];
-			continue;
-		}
-		for (int p = 0; p < nj; p++) {
-			const float *kp = ks->first_keys + (size_t)p * d;
-			float sum = 0.0f;
-			for (int i = 0; i < d; i++)
-				sum += q[(size_t)g * d + i] * kp[i];
-			sg[p] = sum * scale;
-		}
+	if (b == 0) {
+		exact_scores(ks->first_keys, ks->type.dim, q, G, nj, scale, scores, stride);
+		return;
 	}
+	for (int g = 0; g < G; g++)
+		for (int p = 0; p < nj; p++)
+			scores[(size_t)g * stride + p] += qmu[g];
 }
 
 /*
@@ -912,26 +910,13 @@ static void pk_scores(const KvSide *ks, const float *q, int G, int64_t b, int64_
 		      const uint8_t *blk, int nj, float scale, const float *qmu, float *scores,
 		      int stride)
 {
-	int d = ks->type.dim;
-	if (b == 0) {
-		centered_scores(ks, q, G, 0, nj, scale, qmu, scores, stride);
+	if (b == own && b > 0) {
+		exact_scores(pk_stage_row(ks, b * BT), ks->type.dim, q, G, nj, scale, scores, stride);
 		return;
 	}
-	if (b == own) {
-		const float *x = pk_stage_row(ks, b * BT);
-		for (int g = 0; g < G; g++)
-			for (int p = 0; p < nj; p++) {
-				float sum = 0.0f;
-				for (int i = 0; i < d; i++)
-					sum += q[(size_t)g * d + i] * x[(size_t)p * d + i];
-				scores[(size_t)g * stride + p] = sum * scale;
-			}
-		return;
-	}
-	kvpk_scores(&ks->pk, blk, q, G, nj, scale, scores, stride);
-	for (int g = 0; g < G; g++)
-		for (int p = 0; p < nj; p++)
-			scores[(size_t)g * stride + p] += qmu[g];
+	if (b > 0)
+		kvpk_scores(&ks->pk, blk, q, G, nj, scale, scores, stride);
+	centered_scores(ks, q, G, b, nj, scale, qmu, scores, stride);
 }
 
 /* q (d,) of one query head into the stored domain of keys, then the kernel's form. */

@@ -119,7 +119,7 @@ START_TEST(block_follows_definition)
 		rows_fill(&st, sd, x, BT);
 		uint8_t *blk = calloc(BT, pk.row_bytes);
 		ck_assert_ptr_nonnull(blk);
-		kvpk_encode_block(&pk, x, BT, w, blk);
+		kvpk_encode_block(&pk, x, BT, NULL, w, blk);
 		check_block(&pk, x, w, blk);
 		ck_assert(kvpk_block_coded(&pk, blk));
 
@@ -169,7 +169,7 @@ START_TEST(short_block)
 	rows_fill(&st, sd, x, 7);
 	uint8_t *blk = calloc(BT, pk.row_bytes), *whole = calloc(BT, pk.row_bytes);
 	ck_assert(blk && whole);
-	kvpk_encode_block(&pk, x, 7, w, blk);
+	kvpk_encode_block(&pk, x, 7, NULL, w, blk);
 	const uint8_t *scales = blk + BT * (pk.code_bits / 8);
 	for (int i = 0; i < P; i++) {
 		double e = 0;
@@ -220,7 +220,7 @@ START_TEST(beats_tq_on_uneven_pairs)
 	double err_pk = 0, err_tq = 0, theory = 0;
 	for (int b = 0; b < BLOCKS; b++) {
 		rows_fill(&st, sd, x, BT);
-		kvpk_encode_block(&pk, x, BT, w, blk);
+		kvpk_encode_block(&pk, x, BT, NULL, w, blk);
 		const uint8_t *scales = blk + BT * (pk.code_bits / 8), *nib = scales + P;
 		for (int i = 0; i < P; i++)
 			theory += 2 * BT * w[i] * pow(sigma_of(scales[i]), 2) * pk.mse[(nib[i / 2] >> (4 * (i % 2))) & 15];

@@ -181,7 +181,7 @@ static void load_pk(const KvCache *kv, int layer, int head, const float *k, size
 		for (int r = 0; r < BT; r++)
 			for (int i = 0; i < d; i++)
 				rows[r * d + i] = k[(size_t)(b * BT + r) * stride + i] - mu[i];
-		kvpk_encode_block(&pk, rows, BT, w, want);
+		kvpk_encode_block(&pk, rows, BT, NULL, w, want);
 		const uint8_t *blk = kvstore_block(kv, layer, head, b);
 		ck_assert_msg(memcmp(blk, want, kbytes) == 0, "layer %d head %d pk block %lld differs",
 			      layer, head, (long long)b);

@@ -161,43 +161,30 @@ static void capture_attend(void *ud, int layer, int64_t pos0, int64_t n_tok, con
 }
 
 /*
- * pk keys (kvpk.h) of (layer, h): each whole block past block 0 coded with
- * the weights the cache chose, as attention reads it from codes; block 0
- * and a partial last block are exact. rows: scratch (T, d).
+ * pk keys (kvpk.h) of (layer, h): whole blocks past block 0 read back from
+ * the codes kv holds (its attention coded them), plus mu; block 0 and a
+ * partial last block are exact, as attention reads them.
  */
 static int pk_recon_error(const Capture *c, const KvCache *kv, const KvType *t, int layer, int h,
-			  const float *mu, float *rows, ErrAcc *acc)
+			  const float *mu, ErrAcc *acc)
 {
 	enum { BT = KVSTORE_BLOCK_TOKENS };
 	const int d = t->dim;
 	const float *x = c->k + (size_t)layer * c->T * c->kvdim;
-	_cleanup_(freep) float *st = malloc(((size_t)BT * d / 2 + d / 2 + 2 * (size_t)BT * d) * sizeof(float));
-	_cleanup_(freep) uint8_t *blk = malloc(BT * kvtype_vec_bytes(t));
-	bool chosen;
 	KvPk pk;
-	if (!st || !blk || kvstore_pk_state(kv, layer, h, c->T, &chosen, st, st + BT * d / 2,
-					    st + BT * d / 2 + d / 2) != 0 ||
-	    kvpk_init(&pk, d, t->pk_bits, kvtype_vec_bytes(t)) != 0)
+	if (kvpk_init(&pk, d, t->pk_bits, kvtype_vec_bytes(t)) != 0)
 		return -1;
-	const float *w = st + BT * d / 2;
-	for (int64_t b = 0; b * BT < c->T; b++) {
-		int n = (int)MIN((int64_t)BT, c->T - b * BT);
-		bool coded = b > 0 && n == BT;
-		for (int r = 0; r < n; r++)
-			for (int i = 0; i < d; i++)
-				rows[r * d + i] = x[(b * BT + r) * c->kvdim + (size_t)h * d + i] - mu[i];
-		if (coded)
-			kvpk_encode_block(&pk, rows, BT, w, blk);
-		for (int r = 0; r < n; r++) {
-			const float *row = x + (b * BT + r) * c->kvdim + (size_t)h * d;
-			float y[TQ_MAX_DIM];
-			if (coded) {
-				kvpk_decode_row(&pk, blk, r, y);
-				for (int i = 0; i < d; i++)
-					y[i] += mu[i];
-			}
-			err_add(acc, row, coded ? y : row, d);
+	for (int64_t p = 0; p < c->T; p++) {
+		const float *row = x + p * c->kvdim + (size_t)h * d;
+		float y[TQ_MAX_DIM];
+		if (p < BT || (p / BT + 1) * BT > c->T) {
+			err_add(acc, row, row, d);
+			continue;
 		}
+		kvpk_decode_row(&pk, kvstore_block(kv, layer, h, p / BT), (int)(p % BT), y);
+		for (int i = 0; i < d; i++)
+			y[i] += mu[i];
+		err_add(acc, row, y, d);
 	}
 	return 0;
 }
@@ -225,7 +212,7 @@ static int recon_error(const Capture *c, const KvCache *kv, const KvType *t, int
 		if (t->centered && kvstore_key_center(kv, layer, h, &chosen, mu, mu + d) != 0)
 			return -1;
 		if (t->format == KV_FORMAT_PK) {
-			if (pk_recon_error(c, kv, t, layer, h, mu, rows, acc) < 0)
+			if (pk_recon_error(c, kv, t, layer, h, mu, acc) < 0)
 				return -1;
 			continue;
 		}
