@@ -1,6 +1,6 @@
 /*
  * bench-codec.c: single-thread throughput of the scalar reference
- * TurboQuant codec (engine/tq.h): quantize (tq_encode), dequantize
+ * TurboQuant codec (engine/codec/tq.h): quantize (tq_encode), dequantize
  * (tq_decode) and the inner product on codes (tq_inner_product, what a
  * key score costs) per mode at head dims 64 and 128. Not a test: numbers
  * only, printed as a markdown table.
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/tq.h"
+#include "engine/codec/tq.h"
 
 enum { N_VEC = 1024 };
 

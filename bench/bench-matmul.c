@@ -20,10 +20,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/wtype.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
+#include "kernels/wtype.h"
 
 #define MIN_D(a, b) ((a) < (b) ? (a) : (b))
 

@@ -25,11 +25,11 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
-#include "turbokv/client.h"
 #include "ipc/frame.h"
 #include "ipc/memfd.h"
 #include "ipc/utf8.h"
 #include "proto/protocol.h"
+#include "turbokv/client.h"
 
 #define CANCEL_NONE 0
 #define CANCEL_ANY UINT64_MAX

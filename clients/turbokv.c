@@ -30,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/util.h"
+#include "base/util.h"
 #include "turbokv/client.h"
 
 enum {

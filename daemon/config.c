@@ -12,9 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "engine/kvtype.h"
-#include "engine/model.h"
+#include "daemon/config.h"
+#include "engine/kv/kvtype.h"
+#include "engine/model/model.h"
 
 typedef enum Key {
 	KEY_MODEL, KEY_KV, KEY_DEVICE, KEY_THREADS, KEY_CTX, KEY_SOCKET, KEY_STATE_DIR,

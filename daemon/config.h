@@ -37,8 +37,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/backend.h"
-#include "engine/util.h"
+#include "base/util.h"
+#include "engine/backend/backend.h"
 
 typedef struct Config {
 	char *model_path;

@@ -11,14 +11,14 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
-#include "connection.h"
+#include "daemon/connection.h"
+#include "daemon/log.h"
+#include "daemon/request.h"
+#include "daemon/scheduler.h"
+#include "daemon/sessions.h"
 #include "ipc/fdpass.h"
 #include "ipc/frame.h"
 #include "ipc/memfd.h"
-#include "log.h"
-#include "request.h"
-#include "scheduler.h"
-#include "sessions.h"
 
 #define CONNECTION_READ_BYTES (64u * 1024)
 #define CONNECTION_READS_PER_EVENT 4 /* then let others have the loop */

@@ -25,8 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/manager.h"
 #include "ipc/peercred.h"
-#include "manager.h"
 #include "proto/protocol.h"
 
 typedef struct Request Request;

@@ -15,9 +15,9 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "connection.h"
-#include "listener.h"
-#include "log.h"
+#include "daemon/connection.h"
+#include "daemon/listener.h"
+#include "daemon/log.h"
 
 struct Listener {
 	Manager *manager;

@@ -15,7 +15,7 @@
 
 #include <stdbool.h>
 
-#include "manager.h"
+#include "daemon/manager.h"
 
 /* Returns 0 or -errno (logged). Accepted clients become Connections of m. */
 int listener_new(Manager *m, const char *path, Listener **ret);

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "log.h"
+#include "daemon/log.h"
 
 static bool log_to_journal;
 static int log_max_level = LOG_INFO;

@@ -11,7 +11,7 @@
 
 #include <syslog.h>
 
-#include "engine/util.h"
+#include "base/util.h"
 
 /* Decide once whether stderr is the journal, and the most verbose level shown. */
 void log_setup(int max_level);

@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config.h"
-#include "log.h"
-#include "manager.h"
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/manager.h"
 
 int main(int argc, char **argv)
 {

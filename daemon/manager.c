@@ -11,14 +11,14 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "connection.h"
-#include "engine/kvstore.h"
+#include "daemon/connection.h"
+#include "daemon/listener.h"
+#include "daemon/log.h"
+#include "daemon/manager.h"
+#include "daemon/scheduler.h"
+#include "daemon/sessions.h"
+#include "engine/kv/kvstore.h"
 #include "ipc/utf8.h"
-#include "listener.h"
-#include "log.h"
-#include "manager.h"
-#include "scheduler.h"
-#include "sessions.h"
 
 #define MANAGER_SHUTDOWN_FLUSH_USEC (2 * 1000 * 1000ull) /* how long replies may take to drain */
 

@@ -23,11 +23,11 @@
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
-#include "config.h"
-#include "engine/chat.h"
-#include "engine/kvtype.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "daemon/config.h"
+#include "engine/kv/kvtype.h"
+#include "engine/model/model.h"
+#include "engine/text/chat.h"
+#include "engine/text/tokenizer.h"
 #include "kernels/cpu/threadpool.h"
 
 typedef struct Connection Connection;

@@ -9,12 +9,12 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "connection.h"
-#include "engine/kvstore.h"
+#include "daemon/connection.h"
+#include "daemon/log.h"
+#include "daemon/request.h"
+#include "daemon/sessions.h"
+#include "engine/kv/kvstore.h"
 #include "ipc/memfd.h"
-#include "log.h"
-#include "request.h"
-#include "sessions.h"
 
 /* A growable byte buffer for the text of attachments. */
 typedef struct Buf {

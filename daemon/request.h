@@ -45,11 +45,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/kvcache.h"
-#include "engine/sampler.h"
-#include "manager.h"
+#include "daemon/manager.h"
+#include "daemon/stream.h"
+#include "engine/kv/kvcache.h"
+#include "engine/model/sampler.h"
 #include "proto/protocol.h"
-#include "stream.h"
 
 typedef enum RequestState {
 	REQUEST_QUEUED,   /* waiting for a slot: no KV cache yet */

@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "connection.h"
-#include "log.h"
-#include "request.h"
-#include "scheduler.h"
+#include "daemon/connection.h"
+#include "daemon/log.h"
+#include "daemon/request.h"
+#include "daemon/scheduler.h"
 
 struct Scheduler {
 	Manager *manager;

@@ -33,7 +33,7 @@
  */
 #pragma once
 
-#include "manager.h"
+#include "daemon/manager.h"
 
 typedef struct Request Request;
 

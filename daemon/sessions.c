@@ -13,11 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "connection.h"
-#include "engine/gguf.h"
-#include "engine/kvstore.h"
-#include "log.h"
-#include "sessions.h"
+#include "daemon/connection.h"
+#include "daemon/log.h"
+#include "daemon/sessions.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kvstore.h"
 
 #define SESSION_FILE_SUFFIX ".tkvs"
 

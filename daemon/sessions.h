@@ -3,18 +3,18 @@
  * KV cache outlives the request that built it.
  *
  * Owns: the table of sessions (uid, name) -> token ids, chat messages and
- * KvCache (engine/session.h's SessionState); the memory budget
+ * KvCache (engine/session/session.h's SessionState); the memory budget
  * (--session-memory) and least-recently-used spilling to disk; saving
  * (when idle, on spill, on shutdown); restoring on first use; quotas per
  * uid; quarantine of files that fail their checks; the list, show and
- * delete operations. Not here: the file format (engine/session.h), how a
+ * delete operations. Not here: the file format (engine/session/session.h), how a
  * request builds its prompt from a session (request.c).
  *
  * == On disk ==
  *
  *   <state-dir>/sessions/            0700
  *   <state-dir>/sessions/<uid>/      0700, one per user
- *       <name>.tkvs                  0600, engine/session.h's format
+ *       <name>.tkvs                  0600, engine/session/session.h's format
  *       <name>.tkvs.tmp              a save in progress (removed at startup)
  *       quarantine/<name>.tkvs.<unix-ms>
  *                                    files that failed to load, moved aside
@@ -59,8 +59,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "engine/session.h"
-#include "manager.h"
+#include "daemon/manager.h"
+#include "engine/session/session.h"
 #include "proto/protocol.h"
 
 #define SESSIONS_MAX_PER_UID 64u

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/util.h"
-#include "stream.h"
+#include "base/util.h"
+#include "daemon/stream.h"
 
 void text_stream_init(TextStream *s, uint8_t **stops, size_t *stop_lens, size_t n_stops)
 {

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "fdpass.h"
+#include "ipc/fdpass.h"
 
 #define FDPASS_CONTROL_BYTES CMSG_SPACE(sizeof(int) * FDPASS_MAX_FDS)
 

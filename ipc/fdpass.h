@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/util.h"
+#include "base/util.h"
 
 #define FDPASS_MAX_FDS 16          /* per frame, and per recvmsg() */
 #define FDPASS_DEFAULT_QUEUED 64   /* default bound on fds held by a queue */

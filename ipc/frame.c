@@ -8,8 +8,8 @@
 #include <fcntl.h>
 #include <string.h>
 
-#include "frame.h"
-#include "fdpass.h"
+#include "ipc/fdpass.h"
+#include "ipc/frame.h"
 
 #define READER_MIN_ALLOC 4096
 #define READER_IDLE_ALLOC (64u * 1024) /* shrink back to this when mostly empty */

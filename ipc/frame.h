@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/util.h"
+#include "base/util.h"
 
 #define FRAME_HEADER_BYTES 4
 #define FRAME_MAX_BYTES (4u * 1024 * 1024)    /* default payload cap */

@@ -10,8 +10,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#include "memfd.h"
-#include "utf8.h"
+#include "ipc/memfd.h"
+#include "ipc/utf8.h"
 
 #define MEMFD_REQUIRED_SEALS (F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK)
 

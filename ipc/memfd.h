@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/util.h"
+#include "base/util.h"
 
 #define MEMFD_MAX_BYTES (64u * 1024 * 1024) /* default attachment cap */
 

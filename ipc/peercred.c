@@ -3,7 +3,7 @@
 #include <errno.h>
 #include <sys/socket.h>
 
-#include "peercred.h"
+#include "ipc/peercred.h"
 
 int peercred_get(int sock, PeerCred *ret)
 {

@@ -1,7 +1,7 @@
 /* utf8.c: strict UTF-8 validation by the ranges of Unicode Table 3-7. */
 #include <stdint.h>
 
-#include "utf8.h"
+#include "ipc/utf8.h"
 
 bool utf8_validate(const void *s, size_t len, size_t *ret_bad)
 {

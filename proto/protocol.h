@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/util.h"
+#include "base/util.h"
 #include "proto/turbokv.pb-c.h"
 
 /*

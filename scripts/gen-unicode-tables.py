@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Generate engine/unicode_tables.h: Unicode classes for the pre-tokenizer.
+"""Generate engine/text/unicode_tables.h: Unicode classes for the pre-tokenizer.
 
-Usage: scripts/gen-unicode-tables.py > engine/unicode_tables.h
+Usage: scripts/gen-unicode-tables.py > engine/text/unicode_tables.h
 
 The tokenizer's pre-tokenizer regexes need \\p{L}, \\p{N}, \\p{P}, \\p{S},
 \\p{M}, \\p{Z}, \\p{C} (major general categories, from Python's unicodedata)

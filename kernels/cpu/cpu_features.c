@@ -14,7 +14,7 @@
 #include <cpuid.h>
 #endif
 
-#include "cpu_features.h"
+#include "kernels/cpu/cpu_features.h"
 
 static CpuFeatures detected, detected_avx2_only;
 static const CpuFeatures none;

@@ -3,8 +3,8 @@
  * the int8 query and codebook forms, and the run-time choice between the
  * references and the AVX2 kernels.
  *
- * The per-row sums are those of engine/kvquant.c (kvquant_score_*,
- * kvquant_axpy_*) and engine/tq.c (tq_inner_product, the value sums of
+ * The per-row sums are those of engine/kv/kvquant.c (kvquant_score_*,
+ * kvquant_axpy_*) and engine/codec/tq.c (tq_inner_product, the value sums of
  * the store), written again here so the kernel library does not call up
  * into the engine; test-kvstore checks them against dequantize-then-exact
  * attention, test-kvattn checks the AVX2 and AVX-512 kernels against them.
@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_features.h"
-#include "engine/wtype.h"
-#include "kv_attn.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/kv_attn.h"
+#include "kernels/wtype.h"
 
 int kv_attn_rows_init(KvAttnRows *rows, KvAttnFormat format, int dim)
 {

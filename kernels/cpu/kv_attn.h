@@ -1,6 +1,6 @@
 /*
  * kv_attn.h: the inner kernels of decode/prefill attention on a
- * compressed KV cache (engine/kvstore.h): scores of a few prepared query
+ * compressed KV cache (engine/kv/kvstore.h): scores of a few prepared query
  * heads against up to 32 stored keys, and value sums acc += p_j v~_j over
  * up to 32 stored values, both computed from the stored rows without
  * writing dequantized K or V anywhere.
@@ -12,16 +12,16 @@
  * (kv_attn_avx512.c), chosen at run time like the weight kernels
  * (cpu_features(); TURBOKV_NO_SIMD=1 forces the references,
  * TURBOKV_NO_AVX512=1 stops at AVX2). Not here:
- * rotations, codebooks and encoding (engine/tq.h, engine/kvquant.h), the
- * online softmax and block bookkeeping (engine/kvstore.c).
+ * rotations, codebooks and encoding (engine/codec/tq.h, engine/kv/kvquant.h), the
+ * online softmax and block bookkeeping (engine/kv/kvstore.c).
  *
  * == Row formats (one head vector of dim values) ==
  *
- *   F32, F16, Q8_0, Q4_0   as engine/kvquant.h (Q8_0 / Q4_0: dim / 32
+ *   F32, F16, Q8_0, Q4_0   as engine/kv/kvquant.h (Q8_0 / Q4_0: dim / 32
  *                          ggml blocks); +h rows are the same bytes, the
  *                          rotation is the caller's business
  *   TQ                     a TurboQuant code record, layout TqLayout
- *                          (engine/tq.h); values in the rotated domain
+ *                          (engine/codec/tq.h); values in the rotated domain
  *
  * == What the kernels compute ==
  *
@@ -57,7 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tq.h"
+#include "kernels/tq_layout.h"
 
 #define KV_ATTN_MAX_KEYS 32 /* keys or values per kernel call (one store block) */
 #define KV_ATTN_PAD 32      /* int8 query streams are padded to this many values */

@@ -17,9 +17,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/wtype.h"
-#include "kv_attn.h"
-#include "kv_attn_x86.h"
+#include "kernels/cpu/kv_attn.h"
+#include "kernels/cpu/kv_attn_x86.h"
+#include "kernels/wtype.h"
 
 #define KV_TARGET __attribute__((target("avx2,fma,f16c,bmi2")))
 #define KV_INLINE static inline __attribute__((always_inline)) KV_TARGET

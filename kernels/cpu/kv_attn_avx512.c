@@ -25,9 +25,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/wtype.h"
-#include "kv_attn.h"
-#include "kv_attn_x86.h"
+#include "kernels/cpu/kv_attn.h"
+#include "kernels/cpu/kv_attn_x86.h"
+#include "kernels/wtype.h"
 
 #define K5_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c,bmi2")))
 #define K5_INLINE static inline __attribute__((always_inline)) K5_TARGET

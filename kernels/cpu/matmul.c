@@ -18,12 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_features.h"
-#include "engine/util.h"
-#include "engine/wtype.h"
-#include "matmul.h"
-#include "quant_act.h"
-#include "vec_dot.h"
+#include "base/util.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant_act.h"
+#include "kernels/cpu/vec_dot.h"
+#include "kernels/wtype.h"
 
 #define MATMUL_TILE_ROWS 16
 /* Chunks handed out per thread: enough to even out stragglers, few

@@ -18,15 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "threadpool.h"
-
-typedef struct MatmulWeight {
-	const void *data;
-	uint32_t type;        /* WType */
-	int64_t rows;         /* output features */
-	int64_t cols;         /* input features (multiple of the block size) */
-	size_t row_stride;    /* bytes between rows */
-} MatmulWeight;
+#include "kernels/cpu/threadpool.h"
+#include "kernels/wtype.h"
 
 /*
  * Y = X @ W^T. x is (n_tok, cols) with row stride cols; y is (n_tok, rows)

@@ -8,7 +8,7 @@
 #include <assert.h>
 #include <math.h>
 
-#include "ops.h"
+#include "kernels/cpu/ops.h"
 
 void op_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
 {

@@ -5,8 +5,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu_features.h"
-#include "quant_act.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/quant_act.h"
 
 /*
  * roundf(v) as int8, as ggml casts it; saturating where ggml's cast is

@@ -1,6 +1,6 @@
 /*
  * quant_act.h: activation rows quantized to the int8 block formats the
- * quantized dot products consume (layouts in engine/wtype.h).
+ * quantized dot products consume (layouts in kernels/wtype.h).
  *
  *   Q8_0: d = amax / 127, q = roundf(x / d) (ties away from zero)
  *   Q8_1: as Q8_0, plus s = d * sum(q) stored as half
@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-#include "engine/wtype.h"
+#include "kernels/wtype.h"
 
 /* x (n,) -> y (n / 32 blocks); n a multiple of 32. */
 void quant_act_q8_0_ref(const float *x, BlockQ8_0 *y, int64_t n);

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "quant_act.h"
+#include "kernels/cpu/quant_act.h"
 
 static inline __m256 abs_ps(__m256 v)
 {

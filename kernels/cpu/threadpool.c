@@ -33,8 +33,8 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#include "engine/util.h"
-#include "threadpool.h"
+#include "base/util.h"
+#include "kernels/cpu/threadpool.h"
 
 /* How long a worker keeps polling for the next job before it sleeps. */
 #define SPIN_NS 100000ull

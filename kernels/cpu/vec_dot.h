@@ -3,7 +3,7 @@
  *
  *   s = sum_i w[i] * a[i],  w (n,) in a weight type, a (n,) in that
  *   type's activation format (quant_act_type_for(): Q8_0, Q8_1, Q8_K or
- *   F32), both as packed blocks (engine/wtype.h). n is a multiple of the
+ *   F32), both as packed blocks (kernels/wtype.h). n is a multiple of the
  *   weight's block size.
  *
  * Every kernel has a scalar reference (vec_dot_ref.c, the definition of
@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/wtype.h"
+#include "kernels/wtype.h"
 
 /* *s = dot(weight row vw, activation row va), n values. */
 typedef void (*VecDotFn)(int64_t n, float *s, const void *vw, const void *va);

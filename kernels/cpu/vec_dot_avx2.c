@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "vec_dot.h"
+#include "kernels/cpu/vec_dot.h"
 
 /* ---- small vocabulary ---------------------------------------------- */
 

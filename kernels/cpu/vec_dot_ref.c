@@ -9,7 +9,7 @@
  */
 #include <string.h>
 
-#include "vec_dot.h"
+#include "kernels/cpu/vec_dot.h"
 
 void vec_dot_f32_ref(int64_t n, float *s, const void *vw, const void *va)
 {

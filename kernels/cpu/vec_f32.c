@@ -1,6 +1,6 @@
 /* vec_f32.c: scalar references and run-time dispatch of the f32 primitives. */
-#include "cpu_features.h"
-#include "vec_f32.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/vec_f32.h"
 
 float vec_f32_dot_ref(int64_t n, const float *a, const float *b)
 {

@@ -1,7 +1,7 @@
 /* vec_f32_avx2.c: AVX2/FMA f32 primitives (compiled with -mavx2 -mfma). */
 #include <immintrin.h>
 
-#include "vec_f32.h"
+#include "kernels/cpu/vec_f32.h"
 
 static inline float hsum256(__m256 v)
 {

@@ -3,7 +3,7 @@
  * host side): the decode matmul, weight dequantization for the prefill
  * GEMM and for embeddings, and the small row- and element-wise ops.
  *
- * The weight formats are read through engine/wtype_dequant.h, the plain-C
+ * The weight formats are read through kernels/wtype_dequant.h, the plain-C
  * chunk dequantizers the CPU unit test checks against wtype.c; kernels are
  * templates on the weight type, so its switches fold away. Nothing here
  * allocates: scratch comes from the caller.
@@ -28,8 +28,8 @@
  */
 #include <cuda_fp16.h>
 
-#include "backend_cuda_internal.h"
-#include "engine/wtype_dequant.h"
+#include "kernels/cuda/backend_cuda_internal.h"
+#include "kernels/wtype_dequant.h"
 
 #define FULL_MASK 0xffffffffu
 

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/cpu/matmul.h"
+#include "kernels/wtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -2,7 +2,7 @@
  * kv_cuda.cu: the device primitives and the three attention kernels of a
  * CudaKv (kv_cuda.h describes the algorithm; kv_cuda_layer.c is the host
  * side that checks arguments and launches them). The per-row arithmetic
- * (unpacking, codebook lookups, rotations) is engine/kv_kernel.h's; what
+ * (unpacking, codebook lookups, rotations) is kernels/kv_kernel.h's; what
  * is here is the parallel structure: which thread reads what, the online
  * softmax across a warp and the merges.
  */
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_cuda_internal.h"
+#include "kernels/cuda/kv_cuda_internal.h"
 
 #define WARPS KVC_WARPS
 #define FULL_MASK 0xffffffffu

@@ -7,13 +7,12 @@
  * (kv_cuda.cu: attention, built with FMA contraction; kv_cuda_append.cu:
  * quantize-on-append, built with -fmad=false so that it writes exactly
  * the CPU's bytes), and the launch arithmetic. Not here: the codecs'
- * math (engine/kv_kernel.h, shared with the CPU and unit-tested there),
- * building a CudaKv from a CPU cache (kv_cuda_host.c below the C-only
- * part of this header).
+ * math (kernels/kv_kernel.h, shared with the CPU and unit-tested there),
+ * building a CudaKv from a CPU cache (engine/backend/kv_cuda_host.h).
  *
  * == Memory ==
  *
- * Blocks have the CPU store's layout (engine/kvstore.h): one block holds
+ * Blocks have the CPU store's layout (engine/kv/kvstore.h): one block holds
  * 32 consecutive positions of one (sequence, kv-head), 32 K rows then 32
  * V rows, each row the bytes kvquant_store() / tq_encode() would write.
  * Blocks of (seq, head) are contiguous: block b of (seq, head) is at
@@ -45,7 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/kv_kernel.h"
+#include "kernels/kv_kernel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -144,19 +143,4 @@ int cuda_sync(char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }
-#endif
-
-#ifndef __CUDACC__
-#include "engine/kvcache.h"
-#include "engine/util.h"
-
-/*
- * A CudaKv for layer of a CPU cache made by kvcache_new_quant(): the same
- * K and V types, the same TQ codecs (seeds, outlier masks: an outlier
- * side must have had its first append on the CPU), n_seqs sequences of
- * capacity tokens. Returns 0, -EINVAL (shape the GPU cannot take, with
- * err), -ENODEV, -ENOMEM, or a kvstore.h / tq.h code.
- */
-int cuda_kv_new_like(const KvCache *cpu, int layer, int n_seqs, int64_t capacity, CudaKv **ret,
-		     Error *err);
 #endif

@@ -8,7 +8,7 @@
  */
 #include <errno.h>
 
-#include "kv_cuda_internal.h"
+#include "kernels/cuda/kv_cuda_internal.h"
 
 __global__ void kvc_append_kernel(KvcParams p, int seq, int64_t pos0, int64_t n_tok,
 				  const float *k, const float *v)

@@ -8,7 +8,7 @@
  */
 #pragma once
 
-#include "kv_cuda.h"
+#include "kernels/cuda/kv_cuda.h"
 
 /* Everything a kernel needs about the layer, passed by value. */
 typedef struct KvcParams {

@@ -11,8 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine/util.h"
-#include "kv_cuda_internal.h"
+#include "base/util.h"
+#include "kernels/cuda/kv_cuda_internal.h"
 
 static void set_msg(char *msg, size_t size, const char *fmt, ...) _printf_(3, 4);
 static void set_msg(char *msg, size_t size, const char *fmt, ...)

@@ -1,5 +1,5 @@
 /*
- * fuzz-chat.c: libFuzzer target for chat templates (engine/chat.c).
+ * fuzz-chat.c: libFuzzer target for chat templates (engine/text/chat.c).
  *
  * The whole input is used two ways:
  *   - as a Jinja template string: chat_template_detect() on it, and on a
@@ -21,11 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/chat.h"
-#include "engine/gguf.h"
-#include "engine/unicode.h"
+#include "engine/gguf/gguf.h"
+#include "engine/text/chat.h"
+#include "engine/text/unicode.h"
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 /* A growing byte string, aborting on allocation failure (test code). */
 typedef struct Str {

@@ -39,11 +39,11 @@
 #include "daemon/manager.h"
 #include "daemon/scheduler.h"
 #include "daemon/sessions.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "ipc/frame.h"
 #include "proto/protocol.h"
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 #define FUZZ_CTX 96 /* tokens: prompts and answers stay short */
 #define FUZZ_MODEL "qwen2-f32.gguf"

@@ -22,7 +22,7 @@
 
 #include "ipc/frame.h"
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

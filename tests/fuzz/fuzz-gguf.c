@@ -1,5 +1,5 @@
 /*
- * fuzz-gguf.c: libFuzzer target for the GGUF reader (engine/gguf.c).
+ * fuzz-gguf.c: libFuzzer target for the GGUF reader (engine/gguf/gguf.c).
  *
  * Opens the input with gguf_open_memory() and, when it is accepted, walks
  * every kv and tensor the way a model loader would, checking the reader's
@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
+#include "engine/gguf/gguf.h"
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 static volatile uint8_t sink;
 

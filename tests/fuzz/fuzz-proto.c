@@ -19,7 +19,7 @@
 
 #include "proto/protocol.h"
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 static int try_fds(const uint8_t *data, size_t size, size_t n_fds)
 {

@@ -1,6 +1,6 @@
 /*
  * fuzz-session.c: libFuzzer target for the session file reader
- * (session_read in engine/session.c).
+ * (session_read in engine/session/session.c).
  *
  * The input is read against each of a few expectations: the shape of the
  * seed corpus (3 layers, 4 query heads, 2 kv-heads of 64, vocabulary
@@ -24,10 +24,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine/crc32c.h"
-#include "engine/session.h"
+#include "base/crc32c.h"
+#include "engine/session/session.h"
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 #define NL 3
 #define NH 4

@@ -1,6 +1,6 @@
 /*
- * fuzz-tokenizer.c: libFuzzer target for the tokenizer (engine/tokenizer.c,
- * engine/unicode.c).
+ * fuzz-tokenizer.c: libFuzzer target for the tokenizer (engine/text/tokenizer.c,
+ * engine/text/unicode.c).
  *
  * Builds, once, eight small self-contained vocabularies with
  * tokenizer_new(): byte-level BPE vocabularies (all 256 byte symbols in
@@ -27,10 +27,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer.h"
-#include "engine/unicode.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode.h"
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 /* ---- building vocabularies ---------------------------------------------- */
 

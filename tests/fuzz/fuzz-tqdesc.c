@@ -1,6 +1,6 @@
 /*
  * fuzz-tqdesc.c: libFuzzer target for the TurboQuant descriptor parser
- * (tq_desc_decode in engine/tq.c), the record stored next to every code.
+ * (tq_desc_decode in engine/codec/tq.c), the record stored next to every code.
  *
  * A record of exactly TQ_DESC_RECORD_BYTES whose last byte is odd gets
  * its checksum recomputed first, so that mutations also reach the field
@@ -18,9 +18,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/tq.h"
+#include "engine/codec/tq.h"
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

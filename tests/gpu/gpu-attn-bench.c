@@ -16,9 +16,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/kvstore.h"
-#include "engine/kvtype.h"
-#include "kernels/cuda/kv_cuda.h"
+#include "engine/backend/kv_cuda_host.h"
+#include "engine/kv/kvstore.h"
+#include "engine/kv/kvtype.h"
 
 #define HEADS 32
 #define KV_HEADS 8

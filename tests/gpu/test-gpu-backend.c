@@ -33,8 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/backend.h"
-#include "engine/wtype.h"
+#include "engine/backend/backend.h"
+#include "kernels/wtype.h"
 
 static uint64_t rng = 0x5eed2026ull;
 static int failures, checks;

@@ -1,6 +1,6 @@
 /*
  * test-gpu-kvattn.c: the CUDA KV cache (kernels/cuda/kv_cuda.h) against
- * the CPU store (engine/kvstore.h) for every KV type: the append kernel
+ * the CPU store (engine/kv/kvstore.h) for every KV type: the append kernel
  * must write byte-identical rows, decode and prefill attention must match
  * the CPU's within float tolerance, with GQA, a context that is not a
  * multiple of the block size, forced multi-split runs and a batch of
@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kvstore.h"
-#include "engine/kvtype.h"
-#include "kernels/cuda/kv_cuda.h"
-#include "gpu-test-util.h"
+#include "engine/backend/kv_cuda_host.h"
+#include "engine/kv/kvstore.h"
+#include "engine/kv/kvtype.h"
+#include "tests/gpu/gpu-test-util.h"
 
 #define N_CTX 777   /* not a multiple of 32 */
 #define N_FIRST 500 /* the prefill part of the appends; the rest go one token at a time */

@@ -1,5 +1,5 @@
 /*
- * test-gpu-kvcache.c: the GPU KvCache (kernels/cuda/kv_cuda_cache.h)
+ * test-gpu-kvcache.c: the GPU KvCache (engine/backend/kv_cuda_cache.h)
  * against the CPU caches (kvcache_new_f32, kvcache_new_quant) for f32,
  * tq4, q8_0, the default type and a plan whose last layer has outlier
  * types (masks chosen at the first append, when that layer's device
@@ -24,11 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kvstore.h"
-#include "engine/kvtype.h"
+#include "engine/backend/kv_cuda_cache.h"
+#include "engine/kv/kvstore.h"
+#include "engine/kv/kvtype.h"
 #include "kernels/cuda/kv_cuda.h"
-#include "kernels/cuda/kv_cuda_cache.h"
-#include "gpu-test-util.h"
+#include "tests/gpu/gpu-test-util.h"
 
 #define N_LAYERS 2
 #define N_HEADS 8

@@ -33,10 +33,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine/backend.h"
-#include "engine/kvtype.h"
-#include "engine/model.h"
-#include "engine/session.h"
+#include "engine/backend/backend.h"
+#include "engine/kv/kvtype.h"
+#include "engine/model/model.h"
+#include "engine/session/session.h"
 
 #define N_PROMPT 96
 #define N_DECODE 12

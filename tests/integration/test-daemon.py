@@ -34,7 +34,7 @@ N_TOKENS = 12
 
 
 RUNNING = []
-# The daemon's default KV type (engine/kvtype.h KV_DEFAULT_SPEC): golden answers use the same cache.
+# The daemon's default KV type (engine/kv/kvtype.h KV_DEFAULT_SPEC): golden answers use the same cache.
 DEFAULT_KV = "pk5:tq3.5_nc"
 
 
@@ -856,7 +856,7 @@ def case_session_corrupt(args, tmp):
     assert data[64 + 32:64 + 32 + spec_len] == b"q8_0", data[64 + 32:64 + 32 + spec_len]
     print("kv         -> another KV type: %d prompt tokens computed again, saved as q8_0" % w.first(res.done, 3))
 
-    # pair-coded keys (engine/kvpk.h): migrated, saved as version 3, restored and reused after a restart
+    # pair-coded keys (engine/codec/kvpk.h): migrated, saved as version 3, restored and reused after a restart
     pk = ["--kv", "pk4:tq3_nc"]
     d = sess_daemon(args, tmp, extra=pk)
     res = sess_ok(sess_turn(d, "kv", TURNS[0]))

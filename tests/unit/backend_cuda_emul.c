@@ -25,11 +25,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "devmem_emul.h"
-#include "engine/half.h"
-#include "engine/wtype.h"
-#include "engine/wtype_dequant.h"
+#include "base/half.h"
 #include "kernels/cuda/backend_cuda_internal.h"
+#include "kernels/wtype.h"
+#include "kernels/wtype_dequant.h"
+#include "tests/unit/devmem_emul.h"
 
 /* Abort unless rows r0 .. r0+nr-1 of w lie in device memory; what names the kernel. */
 static void check_weight_rows(const MatmulWeight *w, int64_t r0, int64_t nr, const char *what)

@@ -1,6 +1,6 @@
 /*
  * cuda_runtime_emul.c: a host emulation of exactly the CUDA runtime and
- * cuBLAS calls that kernels/cuda/backend_cuda.c makes, for tests only.
+ * cuBLAS calls that engine/backend/backend_cuda.c makes, for tests only.
  * backend_cuda.c is compiled against the real headers (cuda_runtime_api.h,
  * cublas_v2.h) and linked with this file instead of cudart and cuBLAS, so
  * its host logic runs on machines without a GPU (tests/unit/meson.build:
@@ -32,8 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "devmem_emul.h"
-#include "engine/half.h"
+#include "base/half.h"
+#include "tests/unit/devmem_emul.h"
 
 /* ---- runtime ---- */
 

@@ -28,7 +28,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "devmem_emul.h"
+#include "tests/unit/devmem_emul.h"
 
 /* Address space reserved for the device: addresses are not reused, so it must hold every allocation of a run. */
 #define RANGE_BYTES ((size_t)1 << 40)

@@ -45,8 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "devmem_emul.h"
+#include "base/util.h"
 #include "kernels/cuda/kv_cuda_internal.h"
+#include "tests/unit/devmem_emul.h"
 
 #define EMUL_SMS 16  /* multiprocessors the emulated device reports */
 

@@ -1,5 +1,5 @@
 /*
- * test-bitpack.c: engine/bitpack.h against its documented byte layout.
+ * test-bitpack.c: base/bitpack.h against its documented byte layout.
  *
  * Hand-written byte examples for B = 1, 2, 3, 4, 5 pin the layout; a
  * bit-at-a-time reference packer written here from the layout text (code
@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/bitpack.h"
-#include "engine/util.h"
-#include "testutil.h"
+#include "base/bitpack.h"
+#include "base/util.h"
+#include "tests/unit/testutil.h"
 
 static const size_t sizes[] = { 0, 1, 2, 3, 5, 7, 8, 9, 31, 33, 64, 127, 128, 1000 };
 

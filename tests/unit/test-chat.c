@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/chat.h"
-#include "engine/gguf.h"
-#include "testutil.h"
+#include "engine/gguf/gguf.h"
+#include "engine/text/chat.h"
+#include "tests/unit/testutil.h"
 
 static const char SMOLLM_SYSTEM[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 

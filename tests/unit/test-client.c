@@ -34,7 +34,7 @@
 #include "ipc/frame.h"
 #include "ipc/memfd.h"
 #include "proto/protocol.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 #include "turbokv/client.h"
 
 #define IO_TIMEOUT_MS 5000

@@ -1,5 +1,5 @@
 /*
- * test-codebook.c: engine/codebook.h against independent facts.
+ * test-codebook.c: engine/codec/codebook.h against independent facts.
  *
  * - Closed forms: d = 3 (uniform density: centroids -1 + (2i+1)/n, D_mse
  *   = 4^-B), B = 1 for any d (centroid E|t| = 2 Gamma(d/2) / (sqrt(pi)
@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/codebook.h"
-#include "testutil.h"
+#include "engine/codec/codebook.h"
+#include "tests/unit/testutil.h"
 
 static const Codebook *get(int dim, int bits)
 {

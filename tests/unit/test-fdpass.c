@@ -20,7 +20,7 @@
 
 #include "ipc/fdpass.h"
 #include "ipc/frame.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 
 static int count_fds(void)
 {

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "ipc/frame.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 
 typedef struct Expected {
 	size_t n;

@@ -1,5 +1,5 @@
 /*
- * test-gguf-writer.c: the streaming GGUF writer (engine/gguf_writer.c)
+ * test-gguf-writer.c: the streaming GGUF writer (engine/gguf/gguf_writer.c)
  * and `turbokv-lab gen-model`, which is built on it.
  *
  * Files are checked three ways that do not go through the writer: a
@@ -26,13 +26,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/gguf.h"
-#include "engine/gguf_writer.h"
-#include "engine/kvcache.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
-#include "engine/wtype.h"
-#include "testutil.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/gguf_writer.h"
+#include "engine/kv/kvcache.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
+#include "kernels/wtype.h"
+#include "tests/unit/testutil.h"
 
 /* ---- temporary directory ------------------------------------------------ */
 

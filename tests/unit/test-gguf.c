@@ -15,9 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/gguf.h"
-#include "engine/wtype.h"
-#include "testutil.h"
+#include "engine/gguf/gguf.h"
+#include "kernels/wtype.h"
+#include "tests/unit/testutil.h"
 
 /* ---- a tiny GGUF writer ---- */
 

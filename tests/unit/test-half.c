@@ -1,5 +1,5 @@
 /*
- * test-half.c: engine/half.h against numpy and an independent reference.
+ * test-half.c: base/half.h against numpy and an independent reference.
  *
  * Golden data: tests/data/wtype/half.txt (scripts/gen-wtype-golden.py):
  * a hash of numpy's float16 -> float32 for all 65536 halfs, and numpy's
@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/half.h"
-#include "testutil.h"
+#include "base/half.h"
+#include "tests/unit/testutil.h"
 
 /* Value of half bits h (0x7c00 taken as 65536 so rounding can reach it). */
 static double ref_half_value_ext(uint16_t h)

@@ -1,5 +1,5 @@
 /*
- * test-kv-kernel.c: engine/kv_kernel.h, the codec code the CUDA kernels
+ * test-kv-kernel.c: kernels/kv_kernel.h, the codec code the CUDA kernels
  * compile, against the engine's references on the CPU. Stores must be
  * byte-identical to tq_encode() / kvquant_store() (a GPU append writes
  * what the CPU would), query preparation and the inverse rotation
@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kv_kernel.h"
-#include "engine/kvquant.h"
-#include "engine/kvtype.h"
-#include "engine/tq.h"
-#include "testutil.h"
+#include "engine/kv/kvquant.h"
+#include "engine/codec/tq.h"
+#include "engine/kv/kvtype.h"
+#include "kernels/kv_kernel.h"
+#include "tests/unit/testutil.h"
 
 #define N_VECS 300
 

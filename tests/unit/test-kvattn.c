@@ -21,11 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kvquant.h"
-#include "engine/tq.h"
-#include "engine/util.h"
+#include "base/util.h"
+#include "engine/kv/kvquant.h"
+#include "engine/codec/tq.h"
 #include "kernels/cpu/kv_attn.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 
 #define NK 32   /* keys per block */
 #define GMAX 5  /* query heads */

@@ -6,8 +6,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/kvcache.h"
-#include "testutil.h"
+#include "engine/kv/kvcache.h"
+#include "tests/unit/testutil.h"
 
 enum { L = 2, H = 6, KVH = 2, D = 16, CAP = 40 };
 

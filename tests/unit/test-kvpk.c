@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kvpk.h"
-#include "engine/kvtype.h"
-#include "engine/tq.h"
-#include "testutil.h"
+#include "engine/codec/kvpk.h"
+#include "engine/codec/tq.h"
+#include "engine/kv/kvtype.h"
+#include "tests/unit/testutil.h"
 
 enum { BT = KVPK_BLOCK, D = 64, P = D / 2 };
 

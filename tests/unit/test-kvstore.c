@@ -17,13 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kvpk.h"
-#include "engine/kvquant.h"
-#include "engine/kvstore.h"
-#include "engine/model.h"
-#include "engine/rotation.h"
-#include "engine/tokenizer.h"
-#include "testutil.h"
+#include "engine/codec/kvpk.h"
+#include "engine/kv/kvquant.h"
+#include "engine/codec/rotation.h"
+#include "engine/kv/kvstore.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
+#include "tests/unit/testutil.h"
 
 /* |fused - reference| <= TOL * (1 + |reference|) per output coordinate. */
 #define TOL 1e-4

@@ -1,6 +1,6 @@
 /*
- * test-kvtype.c: KV types and --kv specs (engine/kvtype.h) and the block
- * KV quantizers (engine/kvquant.h).
+ * test-kvtype.c: KV types and --kv specs (engine/kv/kvtype.h) and the block
+ * KV quantizers (engine/kv/kvquant.h).
  *
  * Independent references: ggml's q8_0 / q4_0 blocks and f16 as produced by
  * gguf-py (tests/data/kvquant/, scripts/gen-kvquant-golden.py); bits per
@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kvquant.h"
-#include "engine/kvtype.h"
-#include "engine/tq.h"
-#include "testutil.h"
+#include "engine/kv/kvquant.h"
+#include "engine/codec/tq.h"
+#include "engine/kv/kvtype.h"
+#include "tests/unit/testutil.h"
 
 /* ---- helpers ---- */
 

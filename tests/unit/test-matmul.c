@@ -2,7 +2,7 @@
  * test-matmul.c: activation quantizers, dot-product kernels and matmul.
  *
  * Independent references: hand-computed ggml quantizer outputs; the
- * engine's dequantizers (engine/wtype.c) for the meaning of every weight
+ * engine's dequantizers (kernels/wtype.c) for the meaning of every weight
  * and activation block, against which the scalar kernels are checked;
  * the scalar kernels, against which the AVX2 kernels and the threaded,
  * tiled matmul() are checked. Weights are random bytes with random finite
@@ -14,13 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/wtype.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant_act.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vec_dot.h"
-#include "testutil.h"
+#include "kernels/wtype.h"
+#include "tests/unit/testutil.h"
 
 static const uint32_t all_types[] = {
 	WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_Q5_0, WTYPE_Q5_1,

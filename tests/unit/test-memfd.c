@@ -23,7 +23,7 @@
 
 #include "ipc/memfd.h"
 #include "ipc/utf8.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010

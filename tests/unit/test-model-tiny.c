@@ -24,10 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kvstore.h"
-#include "engine/kvtype.h"
-#include "engine/model.h"
-#include "testutil.h"
+#include "engine/kv/kvstore.h"
+#include "engine/kv/kvtype.h"
+#include "engine/model/model.h"
+#include "tests/unit/testutil.h"
 
 #define MAX_TOKENS 64
 

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/model.h"
-#include "engine/sampler.h"
-#include "testutil.h"
+#include "engine/model/model.h"
+#include "engine/model/sampler.h"
+#include "tests/unit/testutil.h"
 
 typedef struct IdList {
 	int32_t *ids;

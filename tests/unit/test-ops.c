@@ -2,7 +2,7 @@
 #include <math.h>
 
 #include "kernels/cpu/ops.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 
 START_TEST(rmsnorm_definition)
 {

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "ipc/peercred.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 
 START_TEST(test_socketpair)
 {

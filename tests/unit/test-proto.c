@@ -11,9 +11,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/unicode.h"
+#include "engine/text/unicode.h"
 #include "proto/protocol.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 
 /* Pack a ClientMessage into a heap block of exactly its size. */
 static uint8_t *pack_client(const Turbokv__V1__ClientMessage *m, size_t *ret_len)

@@ -1,5 +1,5 @@
 /*
- * test-rotation.c: engine/rotation.h, checked against definitions.
+ * test-rotation.c: engine/codec/rotation.h, checked against definitions.
  *
  * Orthogonality, norm preservation and inverse are checked through P's
  * columns (P e_j), computed in double here. The generator and the way P
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/rotation.h"
-#include "testutil.h"
+#include "engine/codec/rotation.h"
+#include "tests/unit/testutil.h"
 
 typedef struct Config {
 	RotationKind kind;

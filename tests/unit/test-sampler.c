@@ -2,8 +2,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/sampler.h"
-#include "testutil.h"
+#include "engine/model/sampler.h"
+#include "tests/unit/testutil.h"
 
 #define N_DRAWS 20000
 

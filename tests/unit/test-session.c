@@ -1,6 +1,6 @@
 /*
- * test-session.c: session files (engine/session.h), their checksum
- * (engine/crc32c.h) and the model fingerprint (gguf_fingerprint).
+ * test-session.c: session files (engine/session/session.h), their checksum
+ * (base/crc32c.h) and the model fingerprint (gguf_fingerprint).
  *
  * CRC-32C against published vectors and against tq.h's independent
  * bitwise implementation; the fingerprint against FNV-1a written out here
@@ -23,12 +23,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/crc32c.h"
-#include "engine/gguf.h"
-#include "engine/kvstore.h"
-#include "engine/session.h"
-#include "engine/tq.h"
-#include "testutil.h"
+#include "base/crc32c.h"
+#include "engine/codec/tq.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kvstore.h"
+#include "engine/session/session.h"
+#include "tests/unit/testutil.h"
 
 #define NL 3   /* layers */
 #define NH 4   /* query heads */

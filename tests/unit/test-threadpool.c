@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "kernels/cpu/threadpool.h"
-#include "testutil.h"
+#include "tests/unit/testutil.h"
 
 #define MAX_THREADS 8
 

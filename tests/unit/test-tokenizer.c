@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/chat.h"
-#include "engine/tokenizer.h"
-#include "engine/unicode.h"
-#include "testutil.h"
+#include "engine/gguf/gguf.h"
+#include "engine/text/chat.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode.h"
+#include "tests/unit/testutil.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 

@@ -1,5 +1,5 @@
 /*
- * test-tq.c: the TurboQuant codec (engine/tq.h) against the math of
+ * test-tq.c: the TurboQuant codec (engine/codec/tq.h) against the math of
  * turboquant.md sections 1, 3, 4 and against its documented byte layouts.
  *
  * Independent references: the exact D_mse of each codebook (codebook.c's
@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/codebook.h"
-#include "engine/rotation.h"
-#include "engine/tq.h"
-#include "testutil.h"
+#include "engine/codec/codebook.h"
+#include "engine/codec/rotation.h"
+#include "engine/codec/tq.h"
+#include "tests/unit/testutil.h"
 
 /* ---- helpers ---- */
 

@@ -1,5 +1,5 @@
 /*
- * test-wtype-dequant.c: engine/wtype_dequant.h, the chunked dequantizers
+ * test-wtype-dequant.c: kernels/wtype_dequant.h, the chunked dequantizers
  * the CUDA matmuls run, against the scalar reference
  * wtype_dequantize_row().
  *
@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/wtype.h"
-#include "engine/wtype_dequant.h"
-#include "testutil.h"
+#include "kernels/wtype.h"
+#include "kernels/wtype_dequant.h"
+#include "tests/unit/testutil.h"
 
 #define ROW_VALUES 2048 /* 8 K-quant super-blocks, 64 32-value blocks */
 #define TRIALS 200

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/wtype.h"
-#include "testutil.h"
+#include "kernels/wtype.h"
+#include "tests/unit/testutil.h"
 
 START_TEST(test_wtype_table)
 {

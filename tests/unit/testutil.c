@@ -4,8 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/model.h"
-#include "testutil.h"
+#include "engine/model/model.h"
+#include "tests/unit/testutil.h"
 
 uint64_t test_seed(void)
 {

@@ -22,8 +22,8 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "lab.h"
-#include "engine/wtype.h"
+#include "kernels/wtype.h"
+#include "tools/turbokv-lab/lab.h"
 
 typedef struct BenchOptions {
 	LabCommon common;

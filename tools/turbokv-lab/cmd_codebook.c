@@ -1,13 +1,13 @@
 /*
  * cmd_codebook.c: `turbokv-lab codebook`, the Lloyd-Max codebook of
- * engine/codebook.h for (dim, bits). Pure math: loads no model.
+ * engine/codec/codebook.h for (dim, bits). Pure math: loads no model.
  */
 #include <getopt.h>
 #include <math.h>
 #include <string.h>
 
-#include "engine/codebook.h"
-#include "lab.h"
+#include "engine/codec/codebook.h"
+#include "tools/turbokv-lab/lab.h"
 
 static void usage(FILE *f)
 {

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/chat.h"
-#include "engine/sampler.h"
-#include "lab.h"
+#include "engine/model/sampler.h"
+#include "engine/text/chat.h"
+#include "tools/turbokv-lab/lab.h"
 
 typedef struct GenerateOptions {
 	LabCommon common;

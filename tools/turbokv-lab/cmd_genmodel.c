@@ -5,7 +5,7 @@
  *
  * Owns the shape options, the random-but-valid weight blocks of each
  * supported type, and the tokenizer metadata. The file format itself is
- * engine/gguf_writer.c; tensors are generated and written chunk by chunk,
+ * engine/gguf/gguf_writer.c; tensors are generated and written chunk by chunk,
  * so memory stays small whatever the model size.
  *
  * Weights: every matrix (token_embd and output.weight included, all of
@@ -27,9 +27,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "engine/gguf_writer.h"
-#include "engine/wtype.h"
-#include "lab.h"
+#include "engine/gguf/gguf_writer.h"
+#include "kernels/wtype.h"
+#include "tools/turbokv-lab/lab.h"
 
 #define TOKEN_BOS 256
 #define TOKEN_EOS 257

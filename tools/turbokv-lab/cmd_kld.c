@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lab.h"
+#include "tools/turbokv-lab/lab.h"
 
 #define KLD_MAX_SPECS 64
 #define KLD_SCORE_BATCH 128 /* logits rows evaluated at once */

@@ -24,12 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lab.h"
-#include "engine/kvpk.h"
-#include "engine/kvquant.h"
-#include "engine/kvstore.h"
-#include "engine/kvtype.h"
-#include "engine/tq.h"
+#include "engine/codec/kvpk.h"
+#include "engine/kv/kvquant.h"
+#include "engine/codec/tq.h"
+#include "engine/kv/kvstore.h"
+#include "engine/kv/kvtype.h"
+#include "tools/turbokv-lab/lab.h"
 
 #define KVSTATS_MAX_SPECS 64
 

@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lab.h"
-#include "engine/chat.h"
-#include "engine/rotation.h"
+#include "engine/codec/rotation.h"
+#include "engine/text/chat.h"
+#include "tools/turbokv-lab/lab.h"
 
 #define NIAH_MAX_SPECS 32
 #define NIAH_MAX_LENGTHS 16

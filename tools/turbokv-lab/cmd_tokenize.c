@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lab.h"
+#include "tools/turbokv-lab/lab.h"
 
 static void usage(FILE *f)
 {

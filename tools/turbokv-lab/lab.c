@@ -5,9 +5,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "lab.h"
-#include "engine/kvstore.h"
-#include "engine/kvtype.h"
+#include "engine/kv/kvstore.h"
+#include "engine/kv/kvtype.h"
+#include "tools/turbokv-lab/lab.h"
 
 const char *lab_default_model_path(char *buf, size_t size)
 {

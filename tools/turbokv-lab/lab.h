@@ -7,8 +7,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
 #include "kernels/cpu/threadpool.h"
 
 /* Exit codes of turbokv-lab. */
@@ -69,7 +69,7 @@ int lab_load(const LabCommon *c, Model **ret_model, Tokenizer **ret_tok);
 /*
  * The KV cache of --kv spec for m with n_ctx tokens, in m's backend: the
  * plain f32 cache when spec is NULL or "f32" (the reference path,
- * unchanged), else a kvstore cache (engine/kvstore.h) with seed 0. *ret_bits (may be NULL) =
+ * unchanged), else a kvstore cache (engine/kv/kvstore.h) with seed 0. *ret_bits (may be NULL) =
  * bits per value (turboquant.md section 6). Returns 0 or -1 (message
  * printed).
  */

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lab.h"
+#include "tools/turbokv-lab/lab.h"
 
 static const struct {
 	const char *name;

@@ -1,0 +1,167 @@
+/*
+ * backend_cpu.c: the CPU backend, host memory and kernels/cpu.
+ *
+ * Stateless: weights stay in the GGUF mapping, buffers are malloc'd, and
+ * every op is the kernels/cpu function the forward pass called before
+ * there were backends, so CPU results are unchanged by the interface.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend/backend.h"
+#include "engine/kv/kvstore.h"
+#include "kernels/wtype.h"
+
+static void cpu_free(Backend *b)
+{
+	(void)b; /* the one static instance */
+}
+
+static int cpu_alloc(Backend *b, size_t bytes, void **ret)
+{
+	void *p = malloc(bytes ? bytes : 1);
+	if (!p)
+		return -ENOMEM;
+	*ret = p;
+	return 0;
+}
+
+static void cpu_dealloc(Backend *b, void *p)
+{
+	free(p);
+}
+
+static int cpu_copy(Backend *b, void *dst, const void *src, size_t bytes)
+{
+	memcpy(dst, src, bytes);
+	return 0;
+}
+
+static int cpu_upload_weight(Backend *b, MatmulWeight *w)
+{
+	return 0; /* read in place from the mapping */
+}
+
+static int cpu_upload_vector(Backend *b, const float **v, int64_t n)
+{
+	return 0;
+}
+
+static int cpu_embed(Backend *b, const MatmulWeight *emb, const int32_t *tokens, int64_t n, float *x)
+{
+	for (int64_t i = 0; i < n; i++)
+		wtype_dequantize_row(emb->type, (const uint8_t *)emb->data + (size_t)tokens[i] * emb->row_stride,
+				     x + i * emb->cols, emb->cols);
+	return 0;
+}
+
+static int cpu_rmsnorm(Backend *b, float *y, const float *x, const float *w, int64_t n, int64_t dim,
+		       float eps)
+{
+	for (int64_t i = 0; i < n; i++)
+		op_rmsnorm(y + i * dim, x + i * dim, w, dim, eps);
+	return 0;
+}
+
+/*
+ * Products sharing one input in one dispatch; weights whose activation
+ * formats differ (mixed-type files such as Q4_K_M) are rejected by
+ * matmul_group with -EINVAL and run one by one instead.
+ */
+static int cpu_matmul(Backend *b, ThreadPool *tp, const MatmulWeight *const *ws, float *const *ys, int n_w,
+		      const float *x, int64_t n)
+{
+	if (n_w == 1)
+		return matmul(tp, ws[0], x, ys[0], n);
+	int e = matmul_group(tp, ws, ys, n_w, x, n);
+	if (e != -EINVAL)
+		return e;
+	for (int i = 0; i < n_w; i++)
+		if ((e = matmul(tp, ws[i], x, ys[i], n)))
+			return e;
+	return 0;
+}
+
+static int cpu_add_bias(Backend *b, float *x, const float *bias, int64_t n, int64_t dim)
+{
+	op_add_bias(x, bias, n, dim);
+	return 0;
+}
+
+static int cpu_rope_angles(Backend *b, const Rope *rope, const int64_t *pos, int64_t n, float *cs, float *sn)
+{
+	int half = rope->n_rot / 2;
+	for (int64_t i = 0; i < n; i++)
+		rope_angles(rope, pos[i], cs + i * half, sn + i * half);
+	return 0;
+}
+
+static int cpu_rope(Backend *b, const Rope *rope, float *x, int64_t n, int n_heads, int head_dim,
+		    const float *cs, const float *sn)
+{
+	int half = rope->n_rot / 2;
+	for (int64_t i = 0; i < n; i++)
+		rope_rotate(rope, x + i * n_heads * head_dim, n_heads, head_dim, cs + i * half, sn + i * half);
+	return 0;
+}
+
+static int cpu_swiglu(Backend *b, float *gate, const float *up, int64_t n)
+{
+	op_swiglu(gate, up, n);
+	return 0;
+}
+
+static int cpu_add(Backend *b, float *x, const float *y, int64_t n)
+{
+	op_add(x, y, n);
+	return 0;
+}
+
+static int cpu_kvcache_new(Backend *b, const KvCacheShape *shape, const KvPlan *plan, uint64_t seed,
+			   KvCache **ret, Error *err)
+{
+	if (plan)
+		return kvcache_new_quant(shape, plan, seed, ret, err);
+	int r = kvcache_new_f32(shape, ret);
+	if (r < 0)
+		return error_set(err, r, "KV cache of %lld tokens: %s", (long long)shape->capacity,
+				 r == -ENOMEM ? "out of memory" : "bad shape");
+	return 0;
+}
+
+static int cpu_kvcache_adopt(Backend *b, KvCache *host, KvCache **ret, Error *err)
+{
+	if (host->ops->device)
+		return error_set(err, -EINVAL, "a %s cache is not a host cache", kvcache_device(host));
+	*ret = host;
+	return 0;
+}
+
+static const BackendOps cpu_ops = {
+	.name = "cpu",
+	.free = cpu_free,
+	.alloc = cpu_alloc,
+	.dealloc = cpu_dealloc,
+	.upload = cpu_copy,
+	.download = cpu_copy,
+	.upload_weight = cpu_upload_weight,
+	.upload_vector = cpu_upload_vector,
+	.embed = cpu_embed,
+	.rmsnorm = cpu_rmsnorm,
+	.matmul = cpu_matmul,
+	.add_bias = cpu_add_bias,
+	.rope_angles = cpu_rope_angles,
+	.rope = cpu_rope,
+	.swiglu = cpu_swiglu,
+	.add = cpu_add,
+	.kvcache_new = cpu_kvcache_new,
+	.kvcache_adopt = cpu_kvcache_adopt,
+};
+
+static Backend cpu_backend = { .ops = &cpu_ops };
+
+Backend *backend_cpu(void)
+{
+	return &cpu_backend;
+}

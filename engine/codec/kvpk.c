@@ -1,0 +1,242 @@
+/*
+ * kvpk.c: pair-coded keys (kvpk.h): per-block pair scales, the water-
+ * filling allocation, encode, and the scalar reference read and score.
+ */
+#include "engine/codec/kvpk.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "engine/codec/codebook.h"
+
+#define BT KVPK_BLOCK
+/* A coordinate of a uniform point on the sphere in this many dimensions is normal to 1e-5. */
+#define KVPK_NORMAL_DIM 65536
+
+/* The normal codebooks, solved once per process (codebook_get() caches them too). */
+static float normal_centroids[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
+static float normal_bounds[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
+static double normal_mse[KVPK_MAX_BITS + 1];
+static int normal_error;
+static pthread_once_t normal_once = PTHREAD_ONCE_INIT;
+
+static void normal_codebooks(void)
+{
+	float s = sqrtf((float)KVPK_NORMAL_DIM);
+	normal_mse[0] = 1.0; /* 0 bits: the value reads as 0 */
+	for (int b = 1; b <= KVPK_MAX_BITS; b++) {
+		const Codebook *cb;
+		if ((normal_error = codebook_get(KVPK_NORMAL_DIM, b, &cb)) != 0)
+			return;
+		for (int i = 0; i < cb->n_levels; i++)
+			normal_centroids[b][i] = cb->centroids[i] * s;
+		for (int i = 0; i + 1 < cb->n_levels; i++)
+			normal_bounds[b][i] = cb->boundaries[i] * s;
+		normal_mse[b] = cb->mse_coord * KVPK_NORMAL_DIM;
+	}
+}
+
+int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes)
+{
+	if (dim < 16 || dim > KVPK_MAX_DIM || dim % 4 || code_bits % 8 || code_bits < 8 ||
+	    code_bits > KVPK_MAX_BITS * dim ||
+	    row_bytes * BT < (size_t)BT * code_bits / 8 + (size_t)dim / 2 + (size_t)dim / 4)
+		return -EINVAL;
+	pthread_once(&normal_once, normal_codebooks);
+	if (normal_error)
+		return normal_error;
+	*pk = (KvPk){ .dim = dim, .code_bits = code_bits, .row_bytes = row_bytes };
+	for (int b = 0; b <= KVPK_MAX_BITS; b++) {
+		pk->centroids[b] = normal_centroids[b];
+		pk->bounds[b] = normal_bounds[b];
+		pk->mse[b] = normal_mse[b];
+	}
+	return 0;
+}
+
+static size_t code_bytes(const KvPk *pk)
+{
+	return (size_t)pk->code_bits / 8;
+}
+
+static const uint8_t *side_data(const KvPk *pk, const uint8_t *blk)
+{
+	return blk + BT * code_bytes(pk);
+}
+
+static float scale_of(uint8_t s)
+{
+	return s ? exp2f((float)((int)s - 128) * 0.125f) : 0.0f;
+}
+
+static int bits_of(const uint8_t *nibbles, int pair)
+{
+	return (nibbles[pair / 2] >> (4 * (pair & 1))) & 0xf;
+}
+
+static uint8_t quantize(const float *bounds, int bits, float t)
+{
+	unsigned idx = 0;
+	for (unsigned step = (1u << bits) >> 1; step > 0; step >>= 1)
+		idx += (t >= bounds[idx + step - 1]) ? step : 0;
+	return (uint8_t)idx;
+}
+
+/* Row t's coordinate j as coded: x - mu. */
+static float centered(const float *x, const float *mu, int d, int t, int j)
+{
+	return mu ? x[t * d + j] - mu[j] : x[t * d + j];
+}
+
+void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *mu, const float *w,
+		       uint8_t *blk)
+{
+	const int d = pk->dim, P = d / 2;
+	uint8_t *scales = blk + BT * code_bytes(pk), *nib = scales + P;
+	float sigma[KVPK_MAX_DIM / 2];
+	int bits[KVPK_MAX_DIM / 2];
+
+	memset(blk, 0, (size_t)BT * pk->row_bytes);
+	/* per pair: the RMS over the block's rows and both channels, on a 1/8-octave grid */
+	for (int i = 0; i < P; i++) {
+		double e = 0;
+		for (int t = 0; t < n; t++) {
+			double a = centered(x, mu, d, t, 2 * i), b = centered(x, mu, d, t, 2 * i + 1);
+			e += a * a + b * b;
+		}
+		double rms = n > 0 ? sqrt(e / (2.0 * n)) : 0.0;
+		long s = rms > 0 && isfinite(rms) ? lround(log2(rms) * 8.0) + 128 : 0;
+		scales[i] = rms > 0 ? (uint8_t)(s < 1 ? 1 : s > 255 ? 255 : s) : 0;
+		sigma[i] = scale_of(scales[i]);
+		bits[i] = 0;
+	}
+	/* reverse water filling, one bit at a time */
+	for (int u = 0; u < pk->code_bits / 2; u++) {
+		int best = -1;
+		double gain = -1.0;
+		for (int i = 0; i < P; i++) {
+			if (bits[i] >= KVPK_MAX_BITS)
+				continue;
+			double g = (double)w[i] * sigma[i] * sigma[i] * (pk->mse[bits[i]] - pk->mse[bits[i] + 1]);
+			if (g > gain) {
+				gain = g;
+				best = i;
+			}
+		}
+		bits[best]++;
+	}
+	for (int i = 0; i < P; i++)
+		nib[i / 2] |= (uint8_t)(bits[i] << (4 * (i & 1)));
+	/* codes, column by column: coordinate j's 32 codes of bits[j/2] bits each */
+	uint8_t *col = blk;
+	for (int j = 0; j < d; j++) {
+		int b = bits[j / 2];
+		float s = sigma[j / 2]; /* 0: an all-zero pair, any code reads as 0 */
+		for (int t = 0; t < n && b > 0; t++) {
+			unsigned idx = s > 0.0f ? quantize(pk->bounds[b], b, centered(x, mu, d, t, j) / s) : 0;
+			unsigned at = (unsigned)t * (unsigned)b;
+			col[at / 8] |= (uint8_t)(idx << (at % 8));
+			if (at % 8 + (unsigned)b > 8)
+				col[at / 8 + 1] |= (uint8_t)(idx >> (8 - at % 8));
+		}
+		col += (size_t)BT * b / 8;
+	}
+}
+
+bool kvpk_block_coded(const KvPk *pk, const uint8_t *blk)
+{
+	const uint8_t *nib = side_data(pk, blk) + pk->dim / 2;
+	int sum = 0;
+	for (int i = 0; i < pk->dim / 2; i++) {
+		int b = bits_of(nib, i);
+		if (b > KVPK_MAX_BITS)
+			return false;
+		sum += b;
+	}
+	return sum == pk->code_bits / 2;
+}
+
+/* The block's per-coordinate scale and width, then row t's values. */
+static void block_prepare(const KvPk *pk, const uint8_t *blk, float *sigma, int *bits)
+{
+	const uint8_t *scales = side_data(pk, blk), *nib = scales + pk->dim / 2;
+	for (int i = 0; i < pk->dim / 2; i++) {
+		sigma[i] = scale_of(scales[i]);
+		bits[i] = bits_of(nib, i);
+	}
+}
+
+/* Code t of a column of b-bit codes. */
+static unsigned column_code(const uint8_t *col, int b, int t)
+{
+	unsigned at = (unsigned)t * (unsigned)b;
+	unsigned v = col[at / 8] >> (at % 8);
+	if (at % 8 + (unsigned)b > 8)
+		v |= (unsigned)col[at / 8 + 1] << (8 - at % 8);
+	return v & ((1u << b) - 1);
+}
+
+void kvpk_decode_row(const KvPk *pk, const uint8_t *blk, int t, float *y)
+{
+	float sigma[KVPK_MAX_DIM / 2];
+	int bits[KVPK_MAX_DIM / 2];
+	block_prepare(pk, blk, sigma, bits);
+	const uint8_t *col = blk;
+	for (int j = 0; j < pk->dim; j++) {
+		int b = bits[j / 2];
+		y[j] = b ? sigma[j / 2] * pk->centroids[b][column_code(col, b, t)] : 0.0f;
+		col += (size_t)BT * b / 8;
+	}
+}
+
+/*
+ * The 32 codes of a column of b-bit codes into idx, 8 at a time: 8 codes
+ * are b bytes, one little-endian load (b <= 8; the side data behind the
+ * codes keeps the 8-byte read inside the block).
+ */
+static void column_unpack(const uint8_t *col, int b, uint8_t *idx)
+{
+	uint64_t mask = (1u << b) - 1;
+	for (int g = 0; g < BT / 8; g++) {
+		uint64_t v;
+		memcpy(&v, col + g * b, 8);
+		for (int k = 0; k < 8; k++)
+			idx[g * 8 + k] = (uint8_t)((v >> (k * b)) & mask);
+	}
+}
+
+void kvpk_scores(const KvPk *pk, const uint8_t *blk, const float *q, int G, int nj, float scale,
+		 float *scores, int stride)
+{
+	const int d = pk->dim;
+	float sigma[KVPK_MAX_DIM / 2], acc[KVPK_MAX_GROUP][BT], y[BT];
+	int bits[KVPK_MAX_DIM / 2];
+	uint8_t idx[BT];
+	assert(G <= KVPK_MAX_GROUP);
+	block_prepare(pk, blk, sigma, bits);
+	memset(acc, 0, sizeof(acc));
+	const uint8_t *col = blk;
+	/* column by column: each coordinate's 32 values once, then every query head */
+	for (int j = 0; j < d; j++) {
+		int b = bits[j / 2];
+		if (b == 0)
+			continue;
+		column_unpack(col, b, idx);
+		col += (size_t)BT * b / 8;
+		const float *c = pk->centroids[b];
+		float s = sigma[j / 2];
+		for (int t = 0; t < BT; t++)
+			y[t] = c[idx[t]] * s;
+		for (int g = 0; g < G; g++) {
+			float qj = q[(size_t)g * d + j];
+			for (int t = 0; t < BT; t++)
+				acc[g][t] += qj * y[t];
+		}
+	}
+	for (int g = 0; g < G; g++)
+		for (int t = 0; t < nj; t++)
+			scores[(size_t)g * stride + t] = acc[g][t] * scale;
+}

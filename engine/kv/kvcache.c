@@ -1,0 +1,278 @@
+/*
+ * kvcache.c: the interface dispatch and the uncompressed f32 cache.
+ *
+ * The f32 cache is the reference every other KV type is measured
+ * against, so its attention is the plain definition: scores scaled by
+ * 1/sqrt(head_dim), softmax, weighted sum of values.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine/kv/kvcache.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_f32.h"
+
+typedef struct KvCacheF32 {
+	KvCache base;
+	float *k; /* (n_layers, capacity, n_kv_heads * head_dim) */
+	float *v; /* (n_layers, capacity, n_kv_heads * head_dim) */
+} KvCacheF32;
+
+static size_t f32_row(const KvCacheShape *s)
+{
+	return (size_t)s->n_kv_heads * s->head_dim;
+}
+
+static int f32_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
+		      const float *v)
+{
+	KvCacheF32 *c = (KvCacheF32 *)kv;
+	const KvCacheShape *s = &kv->shape;
+	size_t row = f32_row(s);
+	size_t off = ((size_t)layer * s->capacity + pos0) * row;
+	memcpy(c->k + off, k, n_tok * row * sizeof(float));
+	memcpy(c->v + off, v, n_tok * row * sizeof(float));
+	return 0;
+}
+
+typedef struct F32AttendJob {
+	const KvCacheF32 *c;
+	int layer;
+	int64_t pos0, n_tok;
+	const float *q;
+	float *out;
+} F32AttendJob;
+
+/* One (token, head) pair: out_h = softmax(q_h K^T / sqrt(d)) V over positions 0..pos. */
+static void f32_attend_one(const F32AttendJob *j, int64_t t, int h, float *scores)
+{
+	const KvCacheShape *s = &j->c->base.shape;
+	int d = s->head_dim;
+	int kvh = h / (s->n_heads / s->n_kv_heads);
+	size_t row = f32_row(s);
+	int64_t n_ctx = j->pos0 + t + 1;
+	const float *q = j->q + (t * s->n_heads + h) * d;
+	const float *kbase = j->c->k + (size_t)j->layer * s->capacity * row + (size_t)kvh * d;
+	const float *vbase = j->c->v + (size_t)j->layer * s->capacity * row + (size_t)kvh * d;
+	float scale = 1.0f / sqrtf((float)d);
+
+	for (int64_t p = 0; p < n_ctx; p++)
+		scores[p] = vec_f32_dot(d, q, kbase + p * row) * scale;
+	op_softmax(scores, n_ctx);
+
+	float *o = j->out + (t * s->n_heads + h) * d;
+	memset(o, 0, d * sizeof(float));
+	for (int64_t p = 0; p < n_ctx; p++)
+		vec_f32_axpy(d, scores[p], vbase + p * row, o);
+}
+
+static void f32_attend_task(void *ctx, int ith, int nth)
+{
+	const F32AttendJob *j = ctx;
+	const KvCacheShape *s = &j->c->base.shape;
+	long begin, end;
+	threadpool_split((long)(j->n_tok * s->n_heads), ith, nth, &begin, &end);
+	if (begin >= end)
+		return;
+	/* Scores for the longest row this thread sees; the cache capacity bounds it. */
+	_cleanup_(freep) float *scores = malloc_array(j->pos0 + j->n_tok, sizeof(float));
+	if (!scores)
+		abort(); /* a few KB per thread; no sane recovery mid-layer */
+	for (long i = begin; i < end; i++)
+		f32_attend_one(j, i / s->n_heads, (int)(i % s->n_heads), scores);
+}
+
+static void f32_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		       const float *q, float *out)
+{
+	F32AttendJob j = {
+		.c = (const KvCacheF32 *)kv, .layer = layer, .pos0 = pos0, .n_tok = n_tok,
+		.q = q, .out = out,
+	};
+	threadpool_run(tp, f32_attend_task, &j);
+}
+
+static size_t f32_bytes_per_token(const KvCache *kv)
+{
+	return 2 * (size_t)kv->shape.n_layers * f32_row(&kv->shape) * sizeof(float);
+}
+
+static void f32_free(KvCache *kv)
+{
+	KvCacheF32 *c = (KvCacheF32 *)kv;
+	free(c->k);
+	free(c->v);
+	free(c);
+}
+
+static const KvCacheOps kvcache_f32_ops = {
+	.name = "f32",
+	.append = f32_append,
+	.attend = f32_attend,
+	.bytes_per_token = f32_bytes_per_token,
+	.free = f32_free,
+};
+
+int kvcache_new_f32(const KvCacheShape *shape, KvCache **ret)
+{
+	if (shape->n_layers <= 0 || shape->n_heads <= 0 || shape->n_kv_heads <= 0 ||
+	    shape->head_dim <= 0 || shape->capacity <= 0 || shape->n_heads % shape->n_kv_heads)
+		return -EINVAL;
+
+	_cleanup_(freep) KvCacheF32 *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	size_t n;
+	if (size_mul_overflows((size_t)shape->n_layers * shape->capacity, f32_row(shape), &n))
+		return -ENOMEM;
+	c->k = malloc_array(n, sizeof(float));
+	c->v = malloc_array(n, sizeof(float));
+	if (!c->k || !c->v) {
+		free(c->k);
+		free(c->v);
+		return -ENOMEM;
+	}
+	c->base.ops = &kvcache_f32_ops;
+	c->base.shape = *shape;
+	*ret = &TAKE_PTR(c)->base;
+	return 0;
+}
+
+KvCache *kvcache_free(KvCache *kv)
+{
+	if (kv)
+		kv->ops->free(kv);
+	return NULL;
+}
+
+int kvcache_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
+		   const float *v)
+{
+	if (pos0 != kv->n_tokens)
+		return KVCACHE_E_POSITION;
+	if (n_tok < 0 || pos0 + n_tok > kv->shape.capacity)
+		return KVCACHE_E_FULL;
+	return kv->ops->append(kv, layer, pos0, n_tok, k, v);
+}
+
+void kvcache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		    const float *q, float *out)
+{
+	kv->ops->attend(kv, tp, layer, pos0, n_tok, q, out);
+}
+
+int64_t kvcache_n_tokens(const KvCache *kv)
+{
+	return kv->n_tokens;
+}
+
+void kvcache_set_n_tokens(KvCache *kv, int64_t n)
+{
+	assert(n >= 0 && n <= kv->shape.capacity);
+	kv->n_tokens = n;
+}
+
+size_t kvcache_bytes_per_token(const KvCache *kv)
+{
+	return kv->ops->bytes_per_token(kv);
+}
+
+int kvcache_take_error(KvCache *kv)
+{
+	return kv->ops->take_error ? kv->ops->take_error(kv) : 0;
+}
+
+const char *kvcache_device(const KvCache *kv)
+{
+	return kv->ops->device ? kv->ops->device : "cpu";
+}
+
+int kvcache_host(KvCache *kv, KvCache **ret)
+{
+	if (!kv->ops->to_host) {
+		*ret = kv;
+		return 0;
+	}
+	return kv->ops->to_host(kv, ret);
+}
+
+bool kvcache_is_f32(const KvCache *kv)
+{
+	return kv && kv->ops == &kvcache_f32_ops;
+}
+
+int kvcache_f32_rows(KvCache *kv, int layer, float **ret_k, float **ret_v)
+{
+	if (!kvcache_is_f32(kv) || layer < 0 || layer >= kv->shape.n_layers)
+		return -EINVAL;
+	KvCacheF32 *c = (KvCacheF32 *)kv;
+	size_t off = (size_t)layer * kv->shape.capacity * f32_row(&kv->shape);
+	*ret_k = c->k + off;
+	*ret_v = c->v + off;
+	return 0;
+}
+
+/* ---- the recording tap ---- */
+
+typedef struct KvCacheTapped {
+	KvCache base;
+	KvCache *inner; /* borrowed */
+	KvCacheTap tap;
+} KvCacheTapped;
+
+static int tap_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
+		      const float *v)
+{
+	KvCacheTapped *c = (KvCacheTapped *)kv;
+	c->inner->n_tokens = kv->n_tokens;
+	int r = kvcache_append(c->inner, layer, pos0, n_tok, k, v);
+	if (r == 0 && c->tap.on_append)
+		c->tap.on_append(c->tap.userdata, layer, pos0, n_tok, k, v);
+	return r;
+}
+
+static void tap_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		       const float *q, float *out)
+{
+	KvCacheTapped *c = (KvCacheTapped *)kv;
+	c->inner->n_tokens = kv->n_tokens;
+	kvcache_attend(c->inner, tp, layer, pos0, n_tok, q, out);
+	if (c->tap.on_attend)
+		c->tap.on_attend(c->tap.userdata, layer, pos0, n_tok, q, out);
+}
+
+static size_t tap_bytes_per_token(const KvCache *kv)
+{
+	return kvcache_bytes_per_token(((const KvCacheTapped *)kv)->inner);
+}
+
+static void tap_free(KvCache *kv)
+{
+	free(kv);
+}
+
+static const KvCacheOps kvcache_tap_ops = {
+	.name = "tap",
+	.append = tap_append,
+	.attend = tap_attend,
+	.bytes_per_token = tap_bytes_per_token,
+	.free = tap_free,
+};
+
+int kvcache_new_tap(KvCache *inner, const KvCacheTap *tap, KvCache **ret)
+{
+	if (inner->ops->device) /* the callbacks read rows in host memory */
+		return -EINVAL;
+	KvCacheTapped *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->base.ops = &kvcache_tap_ops;
+	c->base.shape = inner->shape;
+	c->base.n_tokens = inner->n_tokens;
+	c->inner = inner;
+	c->tap = *tap;
+	*ret = &c->base;
+	return 0;
+}

@@ -1,0 +1,529 @@
+/*
+ * kvtype.c: KV type names, the --kv spec grammar and its per-layer
+ * resolution, and the storage cost of each type (see kvtype.h).
+ */
+#include "engine/kv/kvtype.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/wtype.h"
+
+#define KVTYPE_MAX_DIM TQ_MAX_DIM
+#define KVSPEC_MAX_KV_HEADS 4096
+
+typedef struct BaseName {
+	const char *name;
+	KvFormat format;
+} BaseName;
+
+static const BaseName base_names[] = {
+	{ "f32", KV_FORMAT_F32 },
+	{ "f16", KV_FORMAT_F16 },
+	{ "q8_0", KV_FORMAT_Q8_0 },
+	{ "q4_0", KV_FORMAT_Q4_0 },
+};
+
+static bool is_pow2(int n)
+{
+	return n > 0 && (n & (n - 1)) == 0;
+}
+
+/* ---- types ---- */
+
+static int tq_type_from_name(const char *name, KvRole role, int dim, KvType *t, Error *err)
+{
+	Error tq_err = { 0 };
+	TqDesc desc;
+
+	/* Syntax first, at the largest dim, so a dim problem is told apart. */
+	if (tq_desc_from_name(name, TQ_MAX_DIM, &desc, &tq_err) != 0)
+		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%s': %s", name,
+				 tq_err.msg);
+	if ((desc.flags & TQ_FLAG_QJL) && role == KV_ROLE_V)
+		return error_set(err, KVTYPE_E_ROLE,
+				 "V type '%s': +qjl is for keys only (values are averaged, "
+				 "not ranked); use an MSE type such as tq%d for values",
+				 name, desc.bits + 1);
+	if (dim > TQ_MAX_DIM || tq_desc_from_name(name, dim, &desc, &tq_err) != 0)
+		return error_set(err, KVTYPE_E_DIM, "KV type '%s' at head_dim %d: %s", name, dim,
+				 dim > TQ_MAX_DIM ? "head_dim too large" : tq_err.msg);
+	*t = (KvType){ .format = KV_FORMAT_TQ, .hadamard = false, .dim = dim, .tq = desc };
+	return 0;
+}
+
+/* The type without the "+c" suffix: every format but +c itself. */
+static int plain_type_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err);
+
+int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
+{
+	assert(name);
+	size_t n = strlen(name);
+	if (n < 2 || strcmp(name + n - 2, "+c") != 0)
+		return plain_type_from_name(name, role, dim, ret, err);
+
+	char base[KVTYPE_NAME_MAX];
+	if (n - 2 >= sizeof(base))
+		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%s' (too long)", name);
+	memcpy(base, name, n - 2);
+	base[n - 2] = '\0';
+	if (strlen(base) >= 2 && strcmp(base + strlen(base) - 2, "+c") == 0)
+		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%s': +c twice", name);
+	if (role == KV_ROLE_V)
+		return error_set(err, KVTYPE_E_ROLE,
+				 "V type '%s': +c (centered keys) is for keys only; values are "
+				 "not compared with each other, use '%s'",
+				 name, base);
+	KvType t;
+	int r = plain_type_from_name(base, role, dim, &t, err);
+	if (r)
+		return r;
+	if (t.format == KV_FORMAT_PK)
+		return error_set(err, KVTYPE_E_UNKNOWN,
+				 "unknown KV type '%s': pk keys are always centered, write '%s'", name,
+				 base);
+	t.centered = true;
+	*ret = t;
+	return 0;
+}
+
+static int plain_type_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
+{
+	KvType t;
+
+	if (dim < 1 || dim > KVTYPE_MAX_DIM)
+		return error_set(err, KVTYPE_E_DIM, "KV type '%s': head_dim %d not in [1, %d]",
+				 name, dim, KVTYPE_MAX_DIM);
+	if (name[0] == '\0')
+		return error_set(err, KVTYPE_E_UNKNOWN, "empty KV type name");
+	if (strncmp(name, "pk", 2) == 0) {
+		/* pk<B>: B code bits per coordinate, B d a whole number of bytes */
+		char *end = NULL;
+		size_t digits = strspn(name + 2, "0123456789.");
+		double b = strtod(name + 2, &end);
+		if (!end || *end != '\0' || name[2 + digits] != '\0' || !(b >= 1.0 && b <= 8.0) ||
+		    !isdigit((unsigned char)name[2]))
+			return error_set(err, KVTYPE_E_UNKNOWN,
+					 "unknown KV type '%s' (pk<B>, B in [1, 8])", name);
+		if (role == KV_ROLE_V)
+			return error_set(err, KVTYPE_E_ROLE, "V type '%s': pk is for keys only", name);
+		double bits = b * dim;
+		if (dim % 4 != 0 || bits != (double)(long)bits || (long)bits % 8 != 0)
+			return error_set(err, KVTYPE_E_DIM,
+					 "KV type '%s' at head_dim %d: B * head_dim must be a "
+					 "multiple of 8", name, dim);
+		*ret = (KvType){ .format = KV_FORMAT_PK, .centered = true, .dim = dim,
+				 .pk_bits = (int)bits };
+		return 0;
+	}
+	if (strncmp(name, "tq", 2) == 0) {
+		int r = tq_type_from_name(name, role, dim, &t, err);
+		if (r)
+			return r;
+		*ret = t;
+		return 0;
+	}
+
+	const BaseName *base = NULL;
+	const char *suffix = NULL;
+	for (size_t i = 0; i < ARRAY_SIZE(base_names); i++) {
+		size_t n = strlen(base_names[i].name);
+		if (strncmp(name, base_names[i].name, n) == 0) {
+			base = &base_names[i];
+			suffix = name + n;
+			break;
+		}
+	}
+	if (!base || (suffix[0] != '\0' && strcmp(suffix, "+h") != 0))
+		return error_set(err, KVTYPE_E_UNKNOWN,
+				 "unknown KV type '%s' (known: f32, f16, q8_0, q4_0, each with "
+				 "optional +h, and tq<B>[.5][+qjl][_nc], B 1..8; keys may add +c, "
+				 "or be pk<B>)",
+				 name);
+	t = (KvType){ .format = base->format, .hadamard = suffix[0] != '\0', .dim = dim };
+	if ((t.format == KV_FORMAT_Q8_0 || t.format == KV_FORMAT_Q4_0) && dim % QK8_0 != 0)
+		return error_set(err, KVTYPE_E_DIM,
+				 "KV type '%s': head_dim %d is not a multiple of the block size 32",
+				 name, dim);
+	if (t.hadamard && !is_pow2(dim))
+		return error_set(err, KVTYPE_E_DIM,
+				 "KV type '%s': +h needs a power-of-two head_dim, got %d", name, dim);
+	*ret = t;
+	return 0;
+}
+
+void kvtype_name(const KvType *t, char *buf, size_t size)
+{
+	if (size == 0)
+		return;
+	const char *c = t->centered ? "+c" : "";
+	if (t->format == KV_FORMAT_PK) {
+		snprintf(buf, size, "pk%g", (double)t->pk_bits / t->dim);
+		return;
+	}
+	if (t->format == KV_FORMAT_TQ) {
+		char tq[KVTYPE_NAME_MAX];
+		tq_desc_name(&t->tq, tq, sizeof(tq));
+		snprintf(buf, size, "%s%s", tq, c);
+		return;
+	}
+	const char *base = "?";
+	for (size_t i = 0; i < ARRAY_SIZE(base_names); i++)
+		if (base_names[i].format == t->format)
+			base = base_names[i].name;
+	snprintf(buf, size, "%s%s%s", base, t->hadamard ? "+h" : "", c);
+}
+
+bool kvtype_equal(const KvType *a, const KvType *b)
+{
+	if (a->format != b->format || a->hadamard != b->hadamard || a->centered != b->centered ||
+	    a->dim != b->dim)
+		return false;
+	if (a->format == KV_FORMAT_PK)
+		return a->pk_bits == b->pk_bits;
+	return a->format != KV_FORMAT_TQ || tq_desc_equal(&a->tq, &b->tq);
+}
+
+/* tq.h's coded-vector layout, summed field by field. */
+static size_t tq_vec_bytes(const TqDesc *d)
+{
+	bool qjl = d->flags & TQ_FLAG_QJL;
+	size_t n = d->group == TQ_GROUP_OUTLIER_CHANNELS ? 4 : 2; /* fp16 scales */
+	n += qjl ? 2 : 0;                                         /* fp16 gamma */
+	n += bitpack_bytes(d->bits + 1, (size_t)d->n_hi);
+	n += bitpack_bytes(d->bits, (size_t)(d->dim - d->n_hi));
+	n += qjl ? bitpack_bytes(1, (size_t)d->qjl_m) : 0;        /* sign bits */
+	return n;
+}
+
+size_t kvtype_vec_bytes(const KvType *t)
+{
+	size_t d = (size_t)t->dim;
+
+	switch (t->format) {
+	case KV_FORMAT_F32:
+		return 4 * d;
+	case KV_FORMAT_F16:
+		return 2 * d;
+	case KV_FORMAT_Q8_0:
+		return d / QK8_0 * sizeof(BlockQ8_0);
+	case KV_FORMAT_Q4_0:
+		return d / QK4_0 * sizeof(BlockQ4_0);
+	case KV_FORMAT_TQ:
+		return tq_vec_bytes(&t->tq);
+	case KV_FORMAT_PK:
+		return (size_t)t->pk_bits / 8 + KV_PK_SIDE_BYTES(d);
+	}
+	assert(!"unknown KvFormat");
+	return 0;
+}
+
+double kvtype_bits_per_value(const KvType *t)
+{
+	return (double)kvtype_vec_bytes(t) * 8.0 / (double)t->dim;
+}
+
+/* ---- specs ---- */
+
+/* An index: optional '-', 1..5 digits, |value| <= KVSPEC_MAX_LAYERS. */
+static bool parse_index(const char **p, const char *end, int *ret)
+{
+	const char *s = *p;
+	bool neg = false;
+	int v = 0, n = 0;
+
+	if (s < end && *s == '-') {
+		neg = true;
+		s++;
+	}
+	while (s < end && *s >= '0' && *s <= '9') {
+		v = v * 10 + (*s - '0');
+		if (++n > 5 || v > KVSPEC_MAX_LAYERS)
+			return false;
+		s++;
+	}
+	if (n == 0 || (neg && v == 0))
+		return false;
+	*ret = neg ? -v : v;
+	*p = s;
+	return true;
+}
+
+static int parse_layers(const char *s, const char *end, KvSpecRule *rule, Error *err)
+{
+	const char *p = s;
+	int len = (int)(end - s);
+
+	if (!parse_index(&p, end, &rule->first))
+		return error_set(err, KVTYPE_E_SYNTAX,
+				 "bad layer range '%.*s' (want N, A-B, negative counting from "
+				 "the end: -2--1)",
+				 len, s);
+	rule->last = rule->first;
+	if (p < end) {
+		if (*p != '-')
+			return error_set(err, KVTYPE_E_SYNTAX, "bad layer range '%.*s'", len, s);
+		p++;
+		if (!parse_index(&p, end, &rule->last) || p != end)
+			return error_set(err, KVTYPE_E_SYNTAX, "bad layer range '%.*s'", len, s);
+	}
+	/* Same sign: the order is known without the layer count. */
+	if ((rule->first < 0) == (rule->last < 0) && rule->first > rule->last)
+		return error_set(err, KVTYPE_E_RANGE,
+				 "bad layer range '%.*s': first layer after the last", len, s);
+	return 0;
+}
+
+static int copy_name(const char *s, const char *end, char *out, const char *item, int item_len,
+		     Error *err)
+{
+	size_t n = (size_t)(end - s);
+	if (n == 0)
+		return error_set(err, KVTYPE_E_SYNTAX, "'%.*s': empty KV type", item_len, item);
+	if (n >= KVTYPE_NAME_MAX)
+		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%.*s' (too long)",
+				 (int)n, s);
+	memcpy(out, s, n);
+	out[n] = '\0';
+	return 0;
+}
+
+/* "K[:V]" from s..end into rule->k, rule->v, checked as names. */
+static int parse_pair(const char *s, const char *end, KvSpecRule *rule, const char *item,
+		      int item_len, Error *err)
+{
+	const char *colon = memchr(s, ':', (size_t)(end - s));
+	int r;
+
+	if (colon && memchr(colon + 1, ':', (size_t)(end - colon - 1)))
+		return error_set(err, KVTYPE_E_SYNTAX, "'%.*s': more than one ':' (want K[:V])",
+				 item_len, item);
+	r = copy_name(s, colon ? colon : end, rule->k, item, item_len, err);
+	if (r)
+		return r;
+	r = colon ? copy_name(colon + 1, end, rule->v, item, item_len, err) : 0;
+	if (r)
+		return r;
+	if (!colon)
+		memcpy(rule->v, rule->k, sizeof(rule->v));
+
+	/* The names must be valid at some head_dim; the largest accepts all. */
+	KvType t;
+	r = kvtype_from_name(rule->k, KV_ROLE_K, KVTYPE_MAX_DIM, &t, err);
+	if (r)
+		return r;
+	return kvtype_from_name(rule->v, KV_ROLE_V, KVTYPE_MAX_DIM, &t, err);
+}
+
+static int parse_item(const char *item, int len, bool first_item, KvSpecRule *rule, Error *err)
+{
+	const char *end = item + len;
+	const char *eq = memchr(item, '=', (size_t)len);
+
+	*rule = (KvSpecRule){ .all = first_item };
+	if (first_item) {
+		if (eq)
+			return error_set(err, KVTYPE_E_SYNTAX,
+					 "'%.*s': a spec starts with the types of all layers "
+					 "(K[:V]), then LAYERS=K[:V] overrides",
+					 len, item);
+		return parse_pair(item, end, rule, item, len, err);
+	}
+	if (!eq)
+		return error_set(err, KVTYPE_E_SYNTAX,
+				 "'%.*s': overrides are LAYERS=K[:V] (the default types come first)",
+				 len, item);
+	if (memchr(eq + 1, '=', (size_t)(end - eq - 1)))
+		return error_set(err, KVTYPE_E_SYNTAX, "'%.*s': more than one '='", len, item);
+	int r = parse_layers(item, eq, rule, err);
+	if (r)
+		return r;
+	return parse_pair(eq + 1, end, rule, item, len, err);
+}
+
+int kvspec_parse(const char *text, KvSpec *ret, Error *err)
+{
+	_cleanup_(freep) KvSpec *spec = NULL;
+	size_t len = text ? strnlen(text, KVSPEC_MAX_LEN + 1) : 0;
+
+	if (len == 0)
+		return error_set(err, KVTYPE_E_SYNTAX, "empty KV spec");
+	if (len > KVSPEC_MAX_LEN)
+		return error_set(err, KVTYPE_E_SYNTAX, "KV spec longer than %d characters",
+				 KVSPEC_MAX_LEN);
+	spec = calloc(1, sizeof(*spec));
+	if (!spec)
+		return -ENOMEM;
+
+	const char *p = text, *end = text + len;
+	for (int i = 0;; i++) {
+		const char *comma = memchr(p, ',', (size_t)(end - p));
+		const char *item_end = comma ? comma : end;
+		if (item_end == p)
+			return error_set(err, KVTYPE_E_SYNTAX, "KV spec '%s': empty item %d", text,
+					 i + 1);
+		if (i == KVSPEC_MAX_RULES)
+			return error_set(err, KVTYPE_E_SYNTAX, "KV spec: more than %d items",
+					 KVSPEC_MAX_RULES);
+		int r = parse_item(p, (int)(item_end - p), i == 0, &spec->rules[i], err);
+		if (r)
+			return r;
+		spec->n_rules = i + 1;
+		if (!comma)
+			break;
+		p = comma + 1;
+	}
+	*ret = *spec;
+	return 0;
+}
+
+static void layers_name(const KvSpecRule *rule, char *buf, size_t size)
+{
+	if (rule->first == rule->last)
+		snprintf(buf, size, "%d", rule->first);
+	else
+		snprintf(buf, size, "%d-%d", rule->first, rule->last);
+}
+
+void kvspec_name(const KvSpec *spec, char *buf, size_t size)
+{
+	size_t off = 0;
+
+	if (size == 0)
+		return;
+	buf[0] = '\0';
+	for (int i = 0; i < spec->n_rules && off < size; i++) {
+		const KvSpecRule *rule = &spec->rules[i];
+		char layers[32] = "";
+		if (!rule->all)
+			layers_name(rule, layers, sizeof(layers));
+		bool same = strcmp(rule->k, rule->v) == 0;
+		int n = snprintf(buf + off, size - off, "%s%s%s%s%s%s", i ? "," : "", layers,
+				 rule->all ? "" : "=", rule->k, same ? "" : ":", same ? "" : rule->v);
+		if (n < 0)
+			return;
+		off += (size_t)n;
+	}
+}
+
+/* The rule's layers as [*ret_lo, *ret_hi] of n_layers, or KVTYPE_E_RANGE. */
+static int rule_range(const KvSpecRule *rule, int n_layers, int *ret_lo, int *ret_hi, Error *err)
+{
+	char text[32];
+	int lo = rule->first < 0 ? n_layers + rule->first : rule->first;
+	int hi = rule->last < 0 ? n_layers + rule->last : rule->last;
+
+	if (rule->all) {
+		*ret_lo = 0;
+		*ret_hi = n_layers - 1;
+		return 0;
+	}
+	layers_name(rule, text, sizeof(text));
+	if (lo < 0 || lo >= n_layers || hi < 0 || hi >= n_layers)
+		return error_set(err, KVTYPE_E_RANGE,
+				 "layer range '%s' outside the model's layers 0..%d", text,
+				 n_layers - 1);
+	if (lo > hi)
+		return error_set(err, KVTYPE_E_RANGE,
+				 "layer range '%s' is empty for %d layers (layers %d..%d)", text,
+				 n_layers, lo, hi);
+	*ret_lo = lo;
+	*ret_hi = hi;
+	return 0;
+}
+
+int kvspec_resolve(const KvSpec *spec, int n_layers, int n_kv_heads, int head_dim,
+		   KvPlan **ret, Error *err)
+{
+	_cleanup_(kvplan_freep) KvPlan *plan = NULL;
+
+	if (n_layers < 1 || n_layers > KVSPEC_MAX_LAYERS)
+		return error_set(err, -EINVAL, "n_layers %d not in [1, %d]", n_layers,
+				 KVSPEC_MAX_LAYERS);
+	if (n_kv_heads < 1 || n_kv_heads > KVSPEC_MAX_KV_HEADS)
+		return error_set(err, -EINVAL, "n_kv_heads %d not in [1, %d]", n_kv_heads,
+				 KVSPEC_MAX_KV_HEADS);
+	if (head_dim < 1 || head_dim > KVTYPE_MAX_DIM)
+		return error_set(err, -EINVAL, "head_dim %d not in [1, %d]", head_dim,
+				 KVTYPE_MAX_DIM);
+	if (spec->n_rules < 1 || spec->n_rules > KVSPEC_MAX_RULES || !spec->rules[0].all)
+		return error_set(err, -EINVAL, "KV spec has no default types");
+
+	plan = calloc(1, sizeof(*plan));
+	if (!plan)
+		return -ENOMEM;
+	plan->layers = calloc_array((size_t)n_layers, sizeof(*plan->layers));
+	if (!plan->layers)
+		return -ENOMEM;
+	plan->n_layers = n_layers;
+	plan->n_kv_heads = n_kv_heads;
+	plan->head_dim = head_dim;
+
+	for (int i = 0; i < spec->n_rules; i++) {
+		const KvSpecRule *rule = &spec->rules[i];
+		KvLayerTypes lt;
+		int lo = 0, hi = -1, r;
+
+		r = rule_range(rule, n_layers, &lo, &hi, err);
+		if (r)
+			return r;
+		r = kvtype_from_name(rule->k, KV_ROLE_K, head_dim, &lt.k, err);
+		if (r)
+			return r;
+		r = kvtype_from_name(rule->v, KV_ROLE_V, head_dim, &lt.v, err);
+		if (r)
+			return r;
+		for (int l = lo; l <= hi; l++)
+			plan->layers[l] = lt;
+	}
+	*ret = TAKE_PTR(plan);
+	return 0;
+}
+
+int kvplan_from_text(const char *text, int n_layers, int n_kv_heads, int head_dim,
+		     KvPlan **ret, Error *err)
+{
+	_cleanup_(freep) KvSpec *spec = calloc(1, sizeof(*spec));
+	if (!spec)
+		return -ENOMEM;
+	int r = kvspec_parse(text, spec, err);
+	if (r)
+		return r;
+	return kvspec_resolve(spec, n_layers, n_kv_heads, head_dim, ret, err);
+}
+
+KvPlan *kvplan_free(KvPlan *plan)
+{
+	if (plan) {
+		free(plan->layers);
+		free(plan);
+	}
+	return NULL;
+}
+
+size_t kvplan_bytes_per_token(const KvPlan *plan)
+{
+	size_t sum = 0;
+	for (int l = 0; l < plan->n_layers; l++)
+		sum += kvtype_vec_bytes(&plan->layers[l].k) + kvtype_vec_bytes(&plan->layers[l].v);
+	return sum * (size_t)plan->n_kv_heads;
+}
+
+double kvplan_bits_per_value(const KvPlan *plan)
+{
+	double values = 2.0 * plan->n_layers * plan->n_kv_heads * plan->head_dim;
+	return (double)kvplan_bytes_per_token(plan) * 8.0 / values;
+}
+
+bool kvplan_is_uniform(const KvPlan *plan)
+{
+	for (int l = 1; l < plan->n_layers; l++)
+		if (!kvtype_equal(&plan->layers[l].k, &plan->layers[0].k) ||
+		    !kvtype_equal(&plan->layers[l].v, &plan->layers[0].v))
+			return false;
+	return true;
+}

@@ -1,0 +1,274 @@
+/*
+ * kvtype.h: what the KV cache stores per head vector, and where: the KV
+ * types of product.md (`--kv K[:V]`), per-layer overrides, and their exact
+ * storage cost (turboquant.md section 6).
+ *
+ * Owns: type names (parse and print), the KvSpec grammar and its
+ * resolution into a per-layer (K type, V type) table (KvPlan), bytes per
+ * head vector and bits per value. Not here: the quantizers of the block
+ * types (kvquant.h), the TurboQuant codec (tq.h), the KV store itself.
+ *
+ * == Types (one head vector x (d,) of one layer, kv-head and token) ==
+ *
+ *   name      stored bytes per head vector           bits/value (d = 64)
+ *   f32       4 d                                    32
+ *   f16       2 d (IEEE binary16)                    16
+ *   q8_0      d / 32 ggml block_q8_0 (34 bytes)      8.5
+ *   q4_0      d / 32 ggml block_q4_0 (18 bytes)      4.5
+ *   <b>+h     as <b>; x rotated first (below)        as <b>
+ *   tq...     tq.h's coded vector, tq_code_bytes()   tq4 4.25, tq3 3.25 ...
+ *   pk<B>     B d / 8 code bytes + ceil(3 d / 128)   pk4 4.25, pk2.5 2.75
+ *             of per-block side data (kvpk.h)
+ *
+ * q8_0 and q4_0 need d a multiple of 32 (the ggml block size); +h needs d
+ * a power of two. TQ names are tq.h's (tq_desc_from_name): tq1..tq8,
+ * tq<B>.5 (half the coordinates at B+1 bits), tq<B>h<n>, an "o" suffix
+ * (outlier channels), "+qjl" / "+sqjl" (keys only: values are averaged,
+ * not ranked, turboquant.md section 3) and "_nc". A TQ type's TqDesc has
+ * tq.c's default seeds; the KV store derives per (layer, kv-head, K/V)
+ * seeds from it and records them with the codes.
+ *
+ * == The +h variants (what llama.cpp does for quantized caches) ==
+ *
+ * Before block quantization the head vector is multiplied by the
+ * normalised Sylvester Hadamard matrix R = H / sqrt(d) (H[i][j] =
+ * (-1)^popcount(i & j)): y = R x, computed as fwht() then a scale by
+ * 1 / sqrt(d). R is symmetric and orthogonal, so R^-1 = R^T = R. The
+ * rotation spreads outlier channels over the whole vector, so a block's
+ * absmax scale is not spent on one channel. Attention never un-rotates
+ * the cache:
+ *   keys:   <q, k> = <R q, R k>: rotate each query once (per head, per
+ *           token), then score it against the stored (rotated) keys;
+ *   values: sum_j p_j v_j = R (sum_j p_j R v_j): accumulate the stored
+ *           (rotated) values, then rotate the output once per head.
+ * kvquant.h has both steps (kvquant_query_prepare, kvquant_output_finish).
+ * f32+h and f16+h are accepted too (nearly lossless; they exercise that
+ * path without quantization error).
+ *
+ * == +c: centered keys (keys only; any format: "tq4_nc+c", "q4_0+h+c") ==
+ *
+ * The keys of one (layer, kv-head) share a large common part (on
+ * SmolLM2-135M the mean key carries about half of their energy), and a
+ * quantizer's error grows with the norm of what it stores. Softmax
+ * ignores a constant added to all scores of a query, and
+ *   <q, k_p - mu> = <q, k_p> - <q, mu>      (the same constant for every p),
+ * so a +c side stores k_p - mu instead of k_p: attention is unchanged but
+ * for the smaller error. Scores are <q, k~_p - mu> + <q, mu>, the frame of
+ * the exact keys, so that they do not depend on when mu was chosen.
+ *   - Block 0 (positions 0..31) is kept exact: its keys are stored as f32
+ *     beside the blocks and scored as <q, k_p> in f32 (their rows hold
+ *     codes of zero vectors, never read). Position 0 is the attention
+ *     sink, a key unlike the rest (short, pointing away from mu) that many
+ *     heads attend to most: centering would lengthen it.
+ *   - mu (d floats) is the mean of the keys at positions 1..31, chosen
+ *     when position 31 is stored and kept from then on (rewinds
+ *     included). A fixed set of positions, so the stored bytes do not
+ *     depend on how a prompt is split into appends.
+ * Cost: 33 d floats per (layer, kv-head) per cache, not per token (8.4 KB
+ * at d = 64); bits per value count tokens and are those without +c.
+ *
+ * == pk<B>: pair-coded keys (keys only; always centered as +c) ==
+ *
+ * kvpk.h's format: each block of 32 keys (past block 0) stores, per RoPE
+ * pair of channels, a scale and a bit width chosen by reverse water
+ * filling on w_i sigma_i^2, where w_i is the energy of the queries in
+ * that pair (positions 1..31, fixed like mu) and sigma_i the block's own
+ * spread; B bits per coordinate on average (B d a multiple of 8: pk4,
+ * pk2.5, pk4.125 at d = 64). It spends the bits where query and key
+ * energy meet, which a rotation cannot (TurboQuant gives every
+ * coordinate the same bits). Costs: the keys of a block wait in f32 until
+ * the block is whole, and those of the last coded block stay too (at most
+ * 63 per (layer, kv-head) between appends, plus a prompt chunk during
+ * one); a query reads its own block exact, so scores do not depend on how
+ * a prompt was split. A rewind past the last coded block reads that
+ * block's earlier rows back from the codes (they are coded again once the
+ * block is whole). No GPU kernels yet.
+ *
+ * == Spec grammar (`--kv SPEC`) ==
+ *
+ *   spec     := pair ( ',' override )*
+ *   override := layers '=' pair
+ *   pair     := type [ ':' type ]         K type, V type; one type means both
+ *   layers   := index [ '-' index ]       an inclusive range
+ *   index    := [ '-' ] digits            negative: from the end (-1 = last)
+ *
+ * The first pair applies to every layer; overrides apply left to right,
+ * later ones winning. Examples (30 layers):
+ *   "tq4"                         tq4 keys and values everywhere
+ *   "q8_0:q4_0"                   q8_0 keys, q4_0 values
+ *   "tq3.5:tq3,0-1=q8_0,-2--1=q8_0"
+ *                                 layers 0, 1, 28, 29 at q8_0, the rest
+ *                                 tq3.5 keys and tq3 values
+ *   "tq4+qjl:tq4,5=f16:q8_0"      layer 5 only: f16 keys, q8_0 values
+ *   "tq4_nc+c:tq3_nc"             centered tq4_nc keys, tq3_nc values
+ * No spaces. Ranges are checked against the layer count at resolve time
+ * (a range that is out of range or empty there is an error, never
+ * clamped). Type names are case-sensitive (lower case).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/util.h"
+#include "engine/codec/tq.h"
+
+#define KVTYPE_NAME_MAX 32    /* longest type name, with NUL */
+#define KVSPEC_MAX_RULES 32   /* the default pair plus overrides */
+#define KVSPEC_MAX_LAYERS 4096
+#define KVSPEC_MAX_LEN 1024   /* longest spec string */
+
+/* Module error codes (positive; -errno for system errors). */
+enum {
+	KVTYPE_E_UNKNOWN = 1, /* not a KV type name */
+	KVTYPE_E_ROLE,        /* a key-only type (+qjl, +c) given for values */
+	KVTYPE_E_DIM,         /* the type cannot store vectors of this head_dim */
+	KVTYPE_E_SYNTAX,      /* the spec does not follow the grammar */
+	KVTYPE_E_RANGE,       /* a layer range outside the model, or empty */
+};
+
+/*
+ * The daemon's default KV type, chosen by measurement (docs/benchmarks.md,
+ * "Issue 5: fidelity", "Centered keys" and "Pair-coded keys"): pair-coded
+ * keys at 5 bits (kvpk.h, centered like +c) and TurboQuant values at 3.5
+ * bits, norm-corrected, 4.5 bits per value like q4_0+h. Keys get the bits
+ * because their errors pass through the softmax.
+ * KV_DEFAULT_SPEC_GPU is the default where the cache lives on a GPU:
+ * TurboQuant keys without +c, since the CUDA kernels have neither pk nor +c
+ * yet.
+ */
+#define KV_DEFAULT_SPEC "pk5:tq3.5_nc"
+#define KV_DEFAULT_SPEC_GPU "tq5_nc:tq3.5_nc"
+
+typedef enum KvFormat {
+	KV_FORMAT_F32 = 0,
+	KV_FORMAT_F16 = 1,
+	KV_FORMAT_Q8_0 = 2,
+	KV_FORMAT_Q4_0 = 3,
+	KV_FORMAT_TQ = 4,
+	KV_FORMAT_PK = 5,
+} KvFormat;
+
+typedef enum KvRole {
+	KV_ROLE_K = 0,
+	KV_ROLE_V = 1,
+} KvRole;
+
+/* A type resolved for one head dimension. A plain value: copy freely. */
+typedef struct KvType {
+	KvFormat format;
+	bool hadamard; /* +h: stored vectors are R x (not for TQ) */
+	bool centered; /* +c (keys only): stored vectors are x - mu, position 0 kept exact */
+	int dim;       /* head_dim d */
+	TqDesc tq;     /* KV_FORMAT_TQ only (tq.c's default seeds) */
+	int pk_bits;   /* KV_FORMAT_PK only: code bits per head vector (B d) */
+} KvType;
+
+/* pk keys: bytes of per-block side data (pair scales, pair bit widths) per row. */
+#define KV_PK_SIDE_BYTES(d) (((d) / 2 + (d) / 4 + 31) / 32)
+
+/* One layer of a resolved spec. */
+typedef struct KvLayerTypes {
+	KvType k;
+	KvType v;
+} KvLayerTypes;
+
+/* One rule of a parsed spec: layers first..last (as written) get (k, v). */
+typedef struct KvSpecRule {
+	bool all;    /* the default pair: every layer */
+	int first;   /* negative: from the end */
+	int last;
+	char k[KVTYPE_NAME_MAX]; /* type names as written */
+	char v[KVTYPE_NAME_MAX];
+} KvSpecRule;
+
+/* A parsed spec, independent of the model. A plain value. */
+typedef struct KvSpec {
+	int n_rules; /* rules[0] is the default pair */
+	KvSpecRule rules[KVSPEC_MAX_RULES];
+} KvSpec;
+
+/* A spec resolved for a model: one (K, V) type pair per layer. */
+typedef struct KvPlan {
+	int n_layers;
+	int n_kv_heads;
+	int head_dim;
+	KvLayerTypes *layers; /* (n_layers,) */
+} KvPlan;
+
+/* ---- types ---- */
+
+/*
+ * The type called name, for vectors of dim values stored as role.
+ * Returns 0, KVTYPE_E_UNKNOWN (also for a malformed TQ name),
+ * KVTYPE_E_ROLE (+qjl, +sqjl or +c for values) or KVTYPE_E_DIM; err names
+ * the token. *ret written only on success.
+ */
+int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err);
+
+/*
+ * The canonical name of t into buf ("q4_0+h", "tq3.5", "tq4+qjl"); it
+ * parses back to an equal type. Truncated to size.
+ */
+void kvtype_name(const KvType *t, char *buf, size_t size);
+
+/* Whether a and b store the same bytes (TQ: tq_desc_equal). */
+bool kvtype_equal(const KvType *a, const KvType *b);
+
+/*
+ * Bytes stored for one head vector of one token (codes, scales, norms,
+ * gammas: everything).
+ */
+size_t kvtype_vec_bytes(const KvType *t);
+
+/* kvtype_vec_bytes() * 8 / dim. */
+double kvtype_bits_per_value(const KvType *t);
+
+/* ---- specs ---- */
+
+/*
+ * Parse text by the grammar above. Checks every type name (TQ names
+ * against the largest head_dim, so names that need a particular dim are
+ * only fully checked by kvspec_resolve) and the role of the V side.
+ * Returns 0, KVTYPE_E_SYNTAX, KVTYPE_E_UNKNOWN or KVTYPE_E_ROLE with a
+ * message quoting the offending token. *ret written only on success.
+ */
+int kvspec_parse(const char *text, KvSpec *ret, Error *err);
+
+/*
+ * The spec in canonical form ("tq3.5:tq3,0-1=q8_0,-2--1=q8_0"; a pair
+ * with K = V printed once). Parses back to an equal spec. Truncated to
+ * size.
+ */
+void kvspec_name(const KvSpec *spec, char *buf, size_t size);
+
+/*
+ * The per-layer table of spec for a model with n_layers layers of
+ * n_kv_heads heads of head_dim values. Returns 0, -EINVAL (a dimension
+ * out of range), -ENOMEM, KVTYPE_E_RANGE (a range outside
+ * [0, n_layers) or empty), KVTYPE_E_DIM or KVTYPE_E_UNKNOWN (a type
+ * that cannot store head_dim values); err names the token.
+ */
+int kvspec_resolve(const KvSpec *spec, int n_layers, int n_kv_heads, int head_dim,
+		   KvPlan **ret, Error *err);
+
+/* Parse then resolve. Same returns as the two. */
+int kvplan_from_text(const char *text, int n_layers, int n_kv_heads, int head_dim,
+		     KvPlan **ret, Error *err);
+
+KvPlan *kvplan_free(KvPlan *plan);
+DEFINE_FREEP(KvPlan, kvplan_free)
+
+/* Bytes stored per token: every layer, K and V, every kv-head. */
+size_t kvplan_bytes_per_token(const KvPlan *plan);
+
+/*
+ * turboquant.md section 6: kvplan_bytes_per_token() * 8 /
+ * (2 * n_layers * n_kv_heads * head_dim), i.e. the mean over layers of
+ * the K and V types' bits per value.
+ */
+double kvplan_bits_per_value(const KvPlan *plan);
+
+/* Whether every layer has the same K type and the same V type. */
+bool kvplan_is_uniform(const KvPlan *plan);

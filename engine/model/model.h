@@ -1,0 +1,182 @@
+/*
+ * model.h: a llama-family transformer loaded from GGUF, and its forward pass.
+ *
+ * Architectures: `llama` (Llama 2/3.x, SmolLM2, Mistral) and `qwen2`.
+ * Weights stay in the memory-mapped file in their GGUF types; the
+ * matmul kernels read them in place. One layer:
+ *
+ *   h   = x + Wo · attn(rope(Wq·n1 + bq), rope(Wk·n1 + bk), Wv·n1 + bv)
+ *   out = h + Wdown · (silu(Wgate·n2) * (Wup·n2))
+ *   with n1 = rmsnorm(x) * attn_norm, n2 = rmsnorm(h) * ffn_norm
+ *
+ * then logits = Wout · (rmsnorm(x) * output_norm), Wout = token_embd when
+ * the file has no separate output tensor (tied embeddings).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/backend/backend.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kvcache.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+
+enum {
+	MODEL_E_UNSUPPORTED = 1, /* architecture, weight type or feature we do not run */
+	MODEL_E_INVALID,         /* missing or inconsistent tensors or metadata */
+	MODEL_E_CONTEXT,         /* positions beyond the context size */
+	MODEL_E_TOKEN,           /* a token id outside the vocabulary */
+};
+
+typedef enum ModelArch {
+	MODEL_ARCH_LLAMA,
+	MODEL_ARCH_QWEN2,
+} ModelArch;
+
+typedef struct ModelConfig {
+	ModelArch arch;
+	int n_layers;
+	int dim;          /* embedding width */
+	int n_heads;
+	int n_kv_heads;
+	int head_dim;
+	int ff_dim;       /* feed-forward hidden width */
+	int n_vocab;
+	int n_ctx_train;  /* context length the model was trained for */
+	float rms_eps;
+	float rope_base;
+	float rope_freq_scale;
+	int n_rot;
+	RopeStyle rope_style;
+} ModelConfig;
+
+typedef struct LayerWeights {
+	const float *attn_norm; /* (dim,) */
+	MatmulWeight wq;        /* (n_heads * head_dim, dim) */
+	MatmulWeight wk;        /* (n_kv_heads * head_dim, dim) */
+	MatmulWeight wv;        /* (n_kv_heads * head_dim, dim) */
+	MatmulWeight wo;        /* (dim, n_heads * head_dim) */
+	const float *bq, *bk, *bv; /* qwen2 biases, NULL for llama */
+	const float *ffn_norm;  /* (dim,) */
+	MatmulWeight w_gate;    /* (ff_dim, dim) */
+	MatmulWeight w_up;      /* (ff_dim, dim) */
+	MatmulWeight w_down;    /* (dim, ff_dim) */
+} LayerWeights;
+
+typedef struct Model {
+	Backend *backend;       /* borrowed: where weights live and the forward pass runs */
+	Gguf *gguf;             /* owns the mapping the weights are read from */
+	ModelConfig cfg;
+	Rope rope;
+	MatmulWeight tok_embd;  /* (n_vocab, dim) */
+	MatmulWeight output;    /* (n_vocab, dim), tok_embd when tied */
+	const float *output_norm; /* (dim,) */
+	LayerWeights *layers;   /* (n_layers,) */
+	float **owned;          /* small tensors converted to f32 at load */
+	size_t n_owned;
+} Model;
+
+/*
+ * Where scripts/fetch-model.sh puts the default model (SmolLM2-135M-Instruct
+ * Q4_1): ${XDG_CACHE_HOME:-$HOME/.cache}/turbokv/models/<file>. Writes the
+ * path into buf (truncated to size) and returns buf.
+ */
+#define MODEL_DEFAULT_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+char *model_default_path(char *buf, size_t size);
+
+/* Load onto the CPU backend. */
+int model_load(const char *path, Model **ret, Error *err);
+/*
+ * Load onto backend b (borrowed: it must outlive the model): every weight
+ * is uploaded once, here. Returns 0, the codes above, -ENOMEM (host or
+ * device memory: err says which tensor did not fit) or the backend's error.
+ */
+int model_load_on(const char *path, Backend *b, Model **ret, Error *err);
+/* Build from an opened GGUF (consumed: freed with the model, or on error). */
+int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err);
+Model *model_free(Model *m);
+DEFINE_FREEP(Model, model_free)
+
+/* Shape of a KV cache for this model with capacity n_ctx tokens. */
+KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx);
+
+/*
+ * A KV cache of n_ctx tokens in the model's backend memory: f32 when plan
+ * is NULL, else plan's types with codec seeds from seed (kvstore.h). The
+ * model only evaluates into caches of its own backend.
+ */
+int model_kvcache_new(const Model *m, const KvPlan *plan, uint64_t seed, int64_t n_ctx, KvCache **ret,
+		      Error *err);
+
+/*
+ * A cache of the model's backend holding what the host cache host holds
+ * (a restored session). host is consumed on success (*ret may be host
+ * itself, on the CPU) and left to the caller on error.
+ */
+int model_kvcache_adopt(const Model *m, KvCache *host, KvCache **ret, Error *err);
+
+/*
+ * Activation buffers for batches of up to max_batch tokens, and the
+ * threads the kernels use. One per concurrently evaluated sequence.
+ */
+typedef struct ModelRun ModelRun;
+
+int model_run_new(const Model *m, int max_batch, ThreadPool *tp, ModelRun **ret);
+ModelRun *model_run_free(ModelRun *r);
+DEFINE_FREEP(ModelRun, model_run_free)
+
+/*
+ * Evaluate n tokens at positions kv->n_tokens .. +n-1, appending their K
+ * and V to kv (any length: split into batches internally). Writes logits
+ * (n_vocab,) of the last token to ret_logits if non-NULL, and of every
+ * token to all_logits (n, n_vocab) if non-NULL (host arrays, whatever
+ * the backend). kv must be a cache of the model's backend
+ * (model_kvcache_new), else -EINVAL. Returns 0, -ENOMEM,
+ * MODEL_E_CONTEXT if the cache would overflow or MODEL_E_TOKEN for an id
+ * outside the vocabulary (KV cache codes are translated, never passed up).
+ */
+int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, int64_t n,
+	       float *ret_logits, float *all_logits);
+
+/*
+ * One new token for each of n independent sequences: tokens[i] at
+ * position kvs[i]->n_tokens, appended to kvs[i] (n distinct caches, of any
+ * KvCacheOps). The weight matrices run once over the n tokens together
+ * (batches of up to the run's max_batch); RoPE and attention are per
+ * sequence. Writes logits (n, n_vocab): row i equals what model_eval() of
+ * tokens[i] alone on kvs[i] gives, up to float rounding. Returns 0,
+ * -EINVAL (n < 1, a cache given twice), -ENOMEM, MODEL_E_CONTEXT if any
+ * cache is full or MODEL_E_TOKEN for an id outside the vocabulary; on
+ * those input errors no cache is touched.
+ */
+int model_eval_batch(const Model *m, ModelRun *r, KvCache *const *kvs, const int32_t *tokens, int n,
+		     float *logits);
+
+/*
+ * How far logits got are from ref (n each), measured against the spread
+ * of ref: the backends agree only to within activation rounding (the CPU
+ * quantizes activations to 8 bits for quantized weights, CUDA does not),
+ * so closeness is relative to max - min of ref, and the top-1 tokens must
+ * agree only where ref's top-1/top-2 gap is clear of that noise.
+ */
+typedef struct LogitsDiff {
+	double max_rel;  /* max |got - ref| / (max - min of ref); INFINITY if got has a NaN or inf */
+	double mean_rel; /* mean |got - ref| / (max - min of ref) */
+	double margin;   /* (top-1 - top-2 of ref) / (max - min of ref) */
+	int top_got, top_ref;
+} LogitsDiff;
+
+LogitsDiff model_logits_diff(const float *got, const float *ref, int n);
+
+/* Limits the GPU check and the daemon's start-up check hold a backend to against the CPU. */
+#define MODEL_LOGITS_MAX_REL 0.05
+#define MODEL_LOGITS_MEAN_REL 0.01
+#define MODEL_LOGITS_CLEAR_MARGIN 0.05
+
+/* Whether d is within those limits (top-1 compared only when ref's margin is clear). */
+bool model_logits_agree(const LogitsDiff *d);
+
+/* Human description ("llama 30 layers, dim 576, ...") into buf. */
+void model_describe(const Model *m, char *buf, size_t size);

@@ -1,0 +1,1060 @@
+/*
+ * session.c: the session file of session.h: layout computation, the
+ * streaming writer (with its checksums), the atomic save, and the
+ * validating reader that restores a KvCache.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/crc32c.h"
+#include "engine/codec/tq.h"
+#include "engine/kv/kvstore.h"
+#include "engine/session/session.h"
+
+#define BT KVSTORE_BLOCK_TOKENS
+#define WRITE_BUF_BYTES (256u << 10)
+
+const char *session_error_name(int code)
+{
+	switch (code) {
+	case 0: return "ok";
+	case SESSION_E_TRUNCATED: return "truncated";
+	case SESSION_E_MAGIC: return "bad magic";
+	case SESSION_E_VERSION: return "unsupported version";
+	case SESSION_E_HEADER: return "bad header";
+	case SESSION_E_MODEL: return "other model";
+	case SESSION_E_KV_TYPE: return "other KV type";
+	case SESSION_E_KV_SECTION: return "bad KV section";
+	case SESSION_E_TOKENS: return "bad TOKENS section";
+	case SESSION_E_MESSAGES: return "bad MESSAGES section";
+	case SESSION_E_BLOCKS: return "bad LAYER section";
+	case SESSION_E_TOO_LARGE: return "too large";
+	default: return "system error";
+	}
+}
+
+SessionState *session_state_free(SessionState *s)
+{
+	if (!s)
+		return NULL;
+	for (size_t i = 0; i < s->n_messages; i++)
+		free(s->messages[i].text);
+	free(s->messages);
+	free(s->tokens);
+	kvcache_free(s->kv);
+	free(s);
+	return NULL;
+}
+
+/* ---- sizes of one layer (shared by writer and reader) ---- */
+
+static bool type_is_tq(const KvType *t)
+{
+	return t->format == KV_FORMAT_TQ;
+}
+
+/* Bytes of one centered-key record (session.h): state, reserved, mu, block 0's keys. */
+static size_t center_record_bytes(int head_dim)
+{
+	return 8 + (1 + (size_t)BT) * (size_t)head_dim * sizeof(float);
+}
+
+/* Exact keys a pk-key record holds for n_kv tokens: positions max(32, 32 (n_kv / 32 - 1)).. */
+static size_t pk_tail_rows(uint32_t n_kv)
+{
+	uint32_t whole = MAX(1u, n_kv / BT), from = MAX((uint32_t)BT, (whole - 1) * BT);
+	return n_kv > from ? n_kv - from : 0;
+}
+
+/* Floats of one pk-key record after its 8-byte head: weights, query energies (below 32 tokens), tail. */
+static size_t pk_record_floats(int head_dim, uint32_t n_kv)
+{
+	size_t d = (size_t)head_dim;
+	return d / 2 + (n_kv < BT ? BT * d / 2 : 0) + pk_tail_rows(n_kv) * d;
+}
+
+static size_t pk_record_bytes(int head_dim, uint32_t n_kv)
+{
+	return 8 + 4 * pk_record_floats(head_dim, n_kv);
+}
+
+static bool type_is_pk(const KvType *t)
+{
+	return t->format == KV_FORMAT_PK;
+}
+
+/* KV section bytes of one layer's entry for n_kv tokens: 4 + descriptor, centered-key and pk records. */
+static size_t kv_layer_entry_bytes(const KvLayerTypes *lt, int n_kv_heads, uint32_t n_kv)
+{
+	size_t per_head = (type_is_tq(&lt->k) + type_is_tq(&lt->v)) * (size_t)TQ_DESC_RECORD_BYTES;
+	if (lt->k.centered)
+		per_head += center_record_bytes(lt->k.dim);
+	if (type_is_pk(&lt->k))
+		per_head += pk_record_bytes(lt->k.dim, n_kv);
+	return 4 + per_head * (size_t)n_kv_heads;
+}
+
+/* The K flags byte of a layer entry: bit 0 +h, bit 1 +c. */
+static uint8_t k_flags(const KvType *k)
+{
+	return (uint8_t)(k->hadamard | k->centered << 1);
+}
+
+/* The version a file of these layers has: 3 with pk keys, 2 with centered keys, else 1. */
+static uint32_t file_version(bool centered, bool pk)
+{
+	return pk ? SESSION_VERSION_PK : centered ? SESSION_VERSION_CENTERED : SESSION_VERSION;
+}
+
+static size_t f32_block_bytes(int head_dim)
+{
+	return (size_t)BT * 2 * (size_t)head_dim * sizeof(float);
+}
+
+/* ---- the writer ---- */
+
+typedef struct Out {
+	int fd;
+	uint8_t *buf;
+	size_t len;
+	uint64_t flushed;   /* bytes handed to write() so far */
+	uint32_t crc;       /* running CRC of the current section */
+	const SessionSaveHooks *hooks;
+	bool paused;
+	int error;          /* first -errno */
+} Out;
+
+static int out_write_all(Out *o, const uint8_t *p, size_t n)
+{
+	const SessionSaveHooks *h = o->hooks;
+	while (n > 0) {
+		size_t chunk = n;
+		if (h && h->fail_after_bytes) {
+			if (o->flushed >= h->fail_after_bytes)
+				return -ENOSPC;
+			chunk = (size_t)MIN((uint64_t)chunk, h->fail_after_bytes - o->flushed);
+		}
+		if (h && h->pause_after_bytes && !o->paused) {
+			if (o->flushed >= h->pause_after_bytes) {
+				struct timespec ts = { h->pause_ms / 1000, (long)(h->pause_ms % 1000) * 1000000 };
+				o->paused = true;
+				while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+					;
+			} else
+				chunk = (size_t)MIN((uint64_t)chunk, h->pause_after_bytes - o->flushed);
+		}
+		ssize_t w = write(o->fd, p, chunk);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (w == 0)
+			return -EIO;
+		p += w;
+		n -= (size_t)w;
+		o->flushed += (uint64_t)w;
+	}
+	return 0;
+}
+
+static void out_flush(Out *o)
+{
+	if (o->error || o->len == 0)
+		return;
+	o->error = out_write_all(o, o->buf, o->len);
+	o->len = 0;
+}
+
+/* Append n bytes, into the section checksum too when crc is set. */
+static void out_put_crc(Out *o, const void *data, size_t n, bool crc)
+{
+	const uint8_t *p = data;
+	if (crc)
+		o->crc = crc32c_update(o->crc, data, n);
+	while (n > 0 && !o->error) {
+		size_t k = MIN(n, WRITE_BUF_BYTES - o->len);
+		memcpy(o->buf + o->len, p, k);
+		o->len += k;
+		p += k;
+		n -= k;
+		if (o->len == WRITE_BUF_BYTES)
+			out_flush(o);
+	}
+}
+
+static void out_put(Out *o, const void *data, size_t n)
+{
+	out_put_crc(o, data, n, true);
+}
+
+static void out_u32(Out *o, uint32_t v)
+{
+	uint8_t b[4];
+	put_le(b, v, 4);
+	out_put(o, b, 4);
+}
+
+static void out_u64(Out *o, uint64_t v)
+{
+	uint8_t b[8];
+	put_le(b, v, 8);
+	out_put(o, b, 8);
+}
+
+static void out_section_begin(Out *o, uint32_t id, uint64_t len)
+{
+	o->crc = 0;
+	out_u32(o, id);
+	out_u32(o, 0);
+	out_u64(o, len);
+}
+
+static void out_section_end(Out *o)
+{
+	uint8_t b[4];
+	put_le(b, o->crc, 4);
+	out_put_crc(o, b, 4, false);
+}
+
+/* Payload lengths of every section, checked against the caps. */
+typedef struct Layout {
+	bool f32;
+	bool centered;         /* a layer has +c keys: version 2 */
+	bool pk;               /* a layer has pk keys: version 3 */
+	int n_layers, n_kv_heads, head_dim;
+	uint32_t n_kv, n_blocks;
+	uint64_t kv_len, tokens_len, messages_len;
+	uint64_t *layer_len;   /* (n_layers,) */
+	size_t *block_bytes;   /* (n_layers,) */
+	uint64_t file_bytes;
+} Layout;
+
+static void layout_done(Layout *l)
+{
+	free(l->layer_len);
+	free(l->block_bytes);
+}
+
+static uint64_t section_bytes(uint64_t payload)
+{
+	return SESSION_SECTION_HEADER_BYTES + payload + 4;
+}
+
+static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Error *err)
+{
+	const KvCache *kv = s->kv;
+	const KvCacheShape *sh = &kv->shape;
+	int64_t n_kv = kvcache_n_tokens(kv);
+
+	*l = (Layout){ .f32 = !kvstore_is(kv), .n_layers = sh->n_layers, .n_kv_heads = sh->n_kv_heads,
+		       .head_dim = sh->head_dim };
+	if (l->f32 && !kvcache_is_f32(kv))
+		return error_set(err, -EINVAL, "the cache is neither the f32 cache nor the compressed store");
+	if (s->n_tokens > SESSION_MAX_TOKENS || n_kv < 0 || (uint64_t)n_kv > s->n_tokens)
+		return error_set(err, -EINVAL, "%zu tokens, %lld in the cache: beyond the format", s->n_tokens,
+				 (long long)n_kv);
+	if (s->n_messages > SESSION_MAX_MESSAGES || spec_len > KVSPEC_MAX_LEN)
+		return error_set(err, -EINVAL, "too many messages or too long a KV spec");
+	l->n_kv = (uint32_t)n_kv;
+	l->n_blocks = (uint32_t)((n_kv + BT - 1) / BT);
+	l->layer_len = calloc_array((size_t)sh->n_layers, sizeof(uint64_t));
+	l->block_bytes = calloc_array((size_t)sh->n_layers, sizeof(size_t));
+	if (!l->layer_len || !l->block_bytes)
+		return error_set(err, -ENOMEM, "out of memory");
+
+	l->kv_len = 16 + spec_len;
+	for (int i = 0; i < sh->n_layers; i++) {
+		KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32 }, .v = { .format = KV_FORMAT_F32 } };
+		const KvLayerTypes *lt = l->f32 ? &f32 : kvstore_layer_types(kv, i);
+		l->kv_len += kv_layer_entry_bytes(lt, sh->n_kv_heads, (uint32_t)n_kv);
+		l->centered |= lt->k.centered;
+		l->pk |= type_is_pk(&lt->k);
+		l->block_bytes[i] = l->f32 ? f32_block_bytes(sh->head_dim) : kvstore_block_bytes(kv, i);
+		l->layer_len[i] = 16 + (uint64_t)sh->n_kv_heads * l->n_blocks * l->block_bytes[i];
+	}
+	l->tokens_len = 4 * (uint64_t)s->n_tokens;
+	l->messages_len = 8;
+	uint64_t text = 0;
+	for (size_t i = 0; i < s->n_messages; i++) {
+		l->messages_len += 8 + s->messages[i].len;
+		text += s->messages[i].len;
+	}
+	if (text > SESSION_MAX_TEXT_BYTES)
+		return error_set(err, -EINVAL, "%llu bytes of messages: beyond the format",
+				 (unsigned long long)text);
+	l->file_bytes = SESSION_HEADER_BYTES + section_bytes(l->kv_len) + section_bytes(l->tokens_len) +
+			section_bytes(l->messages_len);
+	for (int i = 0; i < sh->n_layers; i++)
+		l->file_bytes += section_bytes(l->layer_len[i]);
+	if (l->file_bytes > SESSION_MAX_FILE_BYTES)
+		return error_set(err, -EINVAL, "a %llu-byte file: beyond the format",
+				 (unsigned long long)l->file_bytes);
+	return 0;
+}
+
+static void write_header(Out *o, const Layout *l, const SessionState *s, uint64_t fingerprint)
+{
+	uint8_t h[SESSION_HEADER_BYTES] = { 0 };
+	memcpy(h, SESSION_MAGIC, 8);
+	put_le(h + 8, file_version(l->centered, l->pk), 4);
+	put_le(h + 12, SESSION_HEADER_BYTES, 4);
+	put_le(h + 16, fingerprint, 8);
+	put_le(h + 24, (uint64_t)l->n_layers, 4);
+	put_le(h + 28, (uint64_t)l->n_kv_heads, 4);
+	put_le(h + 32, (uint64_t)l->head_dim, 4);
+	put_le(h + 36, s->n_tokens, 4);
+	put_le(h + 40, l->n_kv, 4);
+	put_le(h + 44, 3 + (uint64_t)l->n_layers, 4);
+	put_le(h + 48, l->file_bytes, 8);
+	put_le(h + 60, crc32c(h, 60), 4);
+	out_put_crc(o, h, sizeof(h), false);
+}
+
+static int write_kv_section(Out *o, const Layout *l, const SessionState *s, const char *spec,
+			    size_t spec_len, Error *err)
+{
+	const KvCache *kv = s->kv;
+	out_section_begin(o, SESSION_SECTION_KV, l->kv_len);
+	out_u32(o, l->f32 ? 0 : 1);
+	out_u32(o, (uint32_t)spec_len);
+	out_u64(o, l->f32 ? 0 : kvstore_seed(kv));
+	out_put(o, spec, spec_len);
+	for (int i = 0; i < l->n_layers; i++) {
+		if (l->f32) {
+			uint8_t t[4] = { KV_FORMAT_F32, 0, KV_FORMAT_F32, 0 };
+			out_put(o, t, 4);
+			continue;
+		}
+		const KvLayerTypes *lt = kvstore_layer_types(kv, i);
+		uint8_t t[4] = { (uint8_t)lt->k.format, k_flags(&lt->k), (uint8_t)lt->v.format, lt->v.hadamard };
+		out_put(o, t, 4);
+		for (int h = 0; h < l->n_kv_heads; h++) {
+			for (int role = 0; role < 2; role++) {
+				if (!type_is_tq(role == 0 ? &lt->k : &lt->v))
+					continue;
+				TqDesc d;
+				uint8_t rec[TQ_DESC_RECORD_BYTES];
+				if (kvstore_tq_desc(kv, i, h, (KvRole)role, &d) != 0 || tq_desc_encode(&d, rec) != 0)
+					return error_set(err, -EINVAL,
+							 "layer %d head %d: no complete codec descriptor (nothing stored yet?)",
+							 i, h);
+				out_put(o, rec, sizeof(rec));
+			}
+			if (lt->k.centered) {
+				size_t d = (size_t)l->head_dim, n = (1 + BT) * d;
+				_cleanup_(freep) float *cs = malloc_array(n, sizeof(float));
+				bool chosen;
+				if (!cs)
+					return error_set(err, -ENOMEM, "out of memory");
+				kvstore_key_center(kv, i, h, &chosen, cs, cs + d);
+				out_u32(o, chosen);
+				out_u32(o, 0);
+				for (size_t x = 0; x < n; x++) {
+					uint32_t bits;
+					memcpy(&bits, &cs[x], 4);
+					out_u32(o, bits);
+				}
+			}
+			if (type_is_pk(&lt->k)) {
+				/* kvstore_pk_state()'s arrays: w, qe, tail; the record: w, qe below 32 tokens, tail */
+				size_t d = (size_t)l->head_dim, P = d / 2;
+				_cleanup_(freep) float *f = malloc_array(P + BT * P + 2 * BT * d, sizeof(float));
+				bool chosen;
+				if (!f)
+					return error_set(err, -ENOMEM, "out of memory");
+				if (kvstore_pk_state(kv, i, h, l->n_kv, &chosen, f + P, f, f + P + BT * P) != 0)
+					return error_set(err, -EINVAL,
+							 "layer %d head %d: pk keys appended but not attended",
+							 i, h);
+				out_u32(o, chosen);
+				out_u32(o, 0);
+				const float *parts[3] = { f, f + P, f + P + BT * P };
+				size_t lens[3] = { P, l->n_kv < BT ? BT * P : 0, pk_tail_rows(l->n_kv) * d };
+				for (int part = 0; part < 3; part++)
+					for (size_t x = 0; x < lens[part]; x++) {
+						uint32_t bits;
+						memcpy(&bits, &parts[part][x], 4);
+						out_u32(o, bits);
+					}
+			}
+		}
+	}
+	out_section_end(o);
+	return 0;
+}
+
+static void write_tokens_section(Out *o, const Layout *l, const SessionState *s)
+{
+	out_section_begin(o, SESSION_SECTION_TOKENS, l->tokens_len);
+	for (size_t i = 0; i < s->n_tokens; i++)
+		out_u32(o, (uint32_t)s->tokens[i]);
+	out_section_end(o);
+}
+
+static void write_messages_section(Out *o, const Layout *l, const SessionState *s)
+{
+	out_section_begin(o, SESSION_SECTION_MESSAGES, l->messages_len);
+	out_u32(o, (uint32_t)s->kind);
+	out_u32(o, (uint32_t)s->n_messages);
+	for (size_t i = 0; i < s->n_messages; i++) {
+		uint8_t h[8] = { (uint8_t)s->messages[i].role, 0, 0, 0 };
+		put_le(h + 4, s->messages[i].len, 4);
+		out_put(o, h, 8);
+		out_put(o, s->messages[i].text, s->messages[i].len);
+	}
+	out_section_end(o);
+}
+
+/* One block of an f32 cache in the kvstore layout (K rows, then V rows), zero past n_kv. */
+static void f32_block_fill(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv, float *out)
+{
+	const KvCacheShape *sh = &kv->shape;
+	size_t d = (size_t)sh->head_dim, row = (size_t)sh->n_kv_heads * d;
+	float *k, *v;
+	int r = kvcache_f32_rows(kv, layer, &k, &v);
+	assert(r == 0);
+	(void)r;
+	for (int t = 0; t < BT; t++) {
+		int64_t p = index * BT + t;
+		float *ko = out + (size_t)t * d, *vo = out + (size_t)(BT + t) * d;
+		if (p < n_kv) {
+			memcpy(ko, k + (size_t)p * row + (size_t)head * d, d * sizeof(float));
+			memcpy(vo, v + (size_t)p * row + (size_t)head * d, d * sizeof(float));
+		} else {
+			memset(ko, 0, d * sizeof(float));
+			memset(vo, 0, d * sizeof(float));
+		}
+	}
+}
+
+/* A kvstore block with the rows at positions >= n_kv zeroed (they are unspecified). */
+static void quant_block_fill(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			     uint8_t *out, size_t bytes)
+{
+	const uint8_t *b = kvstore_block(kv, layer, head, index);
+	const KvLayerTypes *lt = kvstore_layer_types(kv, layer);
+	size_t kb = kvtype_vec_bytes(&lt->k), vb = kvtype_vec_bytes(&lt->v);
+	if (!b) {
+		memset(out, 0, bytes);
+		return;
+	}
+	memcpy(out, b, bytes);
+	int64_t valid = n_kv - index * BT;
+	if (valid >= BT)
+		return;
+	if (type_is_pk(&lt->k)) /* not coded yet: its keys are in the KV section */
+		memset(out, 0, BT * kb);
+	for (int64_t t = MAX(valid, 0); t < BT; t++) {
+		memset(out + (size_t)t * kb, 0, kb);
+		memset(out + BT * kb + (size_t)t * vb, 0, vb);
+	}
+}
+
+static int write_layer_section(Out *o, const Layout *l, const SessionState *s, int layer, uint8_t *scratch)
+{
+	size_t bytes = l->block_bytes[layer];
+	out_section_begin(o, SESSION_SECTION_LAYER, l->layer_len[layer]);
+	out_u32(o, (uint32_t)layer);
+	out_u32(o, l->n_blocks);
+	out_u64(o, bytes);
+	for (int h = 0; h < l->n_kv_heads; h++)
+		for (uint32_t b = 0; b < l->n_blocks; b++) {
+			if (l->f32)
+				f32_block_fill(s->kv, layer, h, b, l->n_kv, (float *)scratch);
+			else
+				quant_block_fill(s->kv, layer, h, b, l->n_kv, scratch, bytes);
+			out_put(o, scratch, bytes);
+		}
+	out_section_end(o);
+	return o->error;
+}
+
+int session_write_fd(int fd, const SessionState *s, uint64_t fingerprint, const char *kv_spec,
+		     const SessionSaveHooks *hooks, uint64_t *ret_bytes, Error *err)
+{
+	_cleanup_(freep) uint8_t *buf = malloc(WRITE_BUF_BYTES);
+	_cleanup_(freep) uint8_t *scratch = NULL;
+	size_t spec_len = kv_spec ? strlen(kv_spec) : 0, max_block = 0;
+	Layout l;
+	int r;
+
+	if (!buf)
+		return error_set(err, -ENOMEM, "out of memory");
+	if (!s || !s->kv || (s->n_tokens && !s->tokens))
+		return error_set(err, -EINVAL, "no session state to write");
+	/* A GPU cache is written from its host copy: the file does not say where it was computed. */
+	SessionState host_view = *s;
+	if ((r = kvcache_host(s->kv, &host_view.kv)) != 0)
+		return error_set(err, r, "cannot copy the %s cache to the host", kvcache_device(s->kv));
+	s = &host_view;
+	for (size_t i = 0; i < spec_len; i++)
+		if (kv_spec[i] < 0x20 || kv_spec[i] > 0x7e)
+			return error_set(err, -EINVAL, "the KV spec is not printable ASCII");
+	if ((r = layout_compute(s, spec_len, &l, err)) != 0) {
+		layout_done(&l);
+		return r;
+	}
+	for (int i = 0; i < l.n_layers; i++)
+		max_block = MAX(max_block, l.block_bytes[i]);
+	if (!(scratch = malloc(max_block ? max_block : 1))) {
+		layout_done(&l);
+		return error_set(err, -ENOMEM, "out of memory");
+	}
+
+	Out o = { .fd = fd, .buf = buf, .hooks = hooks };
+	write_header(&o, &l, s, fingerprint);
+	r = write_kv_section(&o, &l, s, kv_spec, spec_len, err);
+	if (r == 0) {
+		write_tokens_section(&o, &l, s);
+		write_messages_section(&o, &l, s);
+		for (int i = 0; i < l.n_layers && !o.error; i++)
+			write_layer_section(&o, &l, s, i, scratch);
+		out_flush(&o);
+		if (o.error)
+			r = error_set(err, o.error, "write failed after %llu bytes: %s",
+				      (unsigned long long)o.flushed, strerror(-o.error));
+		else if (o.flushed != l.file_bytes)
+			r = error_set(err, -EIO, "wrote %llu bytes, expected %llu", (unsigned long long)o.flushed,
+				      (unsigned long long)l.file_bytes);
+	}
+	if (r == 0 && ret_bytes)
+		*ret_bytes = l.file_bytes;
+	layout_done(&l);
+	return r;
+}
+
+int session_save_at(int dir_fd, const char *file, const SessionState *s, uint64_t fingerprint,
+		    const char *kv_spec, const SessionSaveHooks *hooks, uint64_t *ret_bytes, Error *err)
+{
+	char tmp[512];
+	uint64_t bytes = 0;
+	int r;
+
+	if (!file || !file[0] || strchr(file, '/') || snprintf(tmp, sizeof(tmp), "%s.tmp", file) >= (int)sizeof(tmp))
+		return error_set(err, -EINVAL, "bad file name");
+	int fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return error_set(err, -errno, "cannot create %s: %s", tmp, strerror(errno));
+	if (fchmod(fd, 0600) < 0)
+		r = error_set(err, -errno, "chmod %s: %s", tmp, strerror(errno));
+	else
+		r = session_write_fd(fd, s, fingerprint, kv_spec, hooks, &bytes, err);
+	if (r == 0 && fsync(fd) < 0)
+		r = error_set(err, -errno, "fsync %s: %s", tmp, strerror(errno));
+	if (close(fd) < 0 && r == 0)
+		r = error_set(err, -errno, "close %s: %s", tmp, strerror(errno));
+	if (r == 0 && renameat(dir_fd, tmp, dir_fd, file) < 0)
+		r = error_set(err, -errno, "rename %s: %s", tmp, strerror(errno));
+	if (r != 0) {
+		(void)unlinkat(dir_fd, tmp, 0);
+		return r;
+	}
+	if (fsync(dir_fd) < 0)
+		return error_set(err, -errno, "fsync of the directory: %s", strerror(errno));
+	if (ret_bytes)
+		*ret_bytes = bytes;
+	return 0;
+}
+
+/* ---- the reader ---- */
+
+typedef struct In {
+	const uint8_t *p;
+	size_t len;
+	size_t pos;
+	const uint8_t *kv_payload; /* the KV section's, once read_kv() checked it */
+} In;
+
+int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err)
+{
+	const uint8_t *h = data;
+	if (memcmp(h, SESSION_MAGIC, MIN(len, 8)) != 0)
+		return error_set(err, SESSION_E_MAGIC, "not a session file (bad magic)");
+	if (len < SESSION_HEADER_BYTES)
+		return error_set(err, SESSION_E_TRUNCATED, "%zu bytes: shorter than the header", len);
+	uint32_t version = (uint32_t)get_le(h + 8, 4);
+	if (version != SESSION_VERSION && version != SESSION_VERSION_CENTERED && version != SESSION_VERSION_PK)
+		return error_set(err, SESSION_E_VERSION, "version %u; this build reads versions %u to %u",
+				 version, SESSION_VERSION, SESSION_VERSION_PK);
+	if ((uint32_t)get_le(h + 60, 4) != crc32c(h, 60))
+		return error_set(err, SESSION_E_HEADER, "header checksum mismatch");
+	SessionHeader r = {
+		.version = version,
+		.fingerprint = get_le(h + 16, 8),
+		.n_layers = (uint32_t)get_le(h + 24, 4),
+		.n_kv_heads = (uint32_t)get_le(h + 28, 4),
+		.head_dim = (uint32_t)get_le(h + 32, 4),
+		.n_tokens = (uint32_t)get_le(h + 36, 4),
+		.n_kv = (uint32_t)get_le(h + 40, 4),
+		.file_bytes = get_le(h + 48, 8),
+	};
+	uint32_t hsize = (uint32_t)get_le(h + 12, 4), n_sections = (uint32_t)get_le(h + 44, 4);
+	if (hsize != SESSION_HEADER_BYTES || get_le(h + 56, 4) != 0)
+		return error_set(err, SESSION_E_HEADER, "header size %u or reserved field not as the format says",
+				 hsize);
+	if (r.n_layers < 1 || r.n_layers > KVSPEC_MAX_LAYERS || r.n_kv_heads < 1 || r.n_kv_heads > 4096 ||
+	    r.head_dim < 1 || r.head_dim > TQ_MAX_DIM || n_sections != 3 + r.n_layers)
+		return error_set(err, SESSION_E_HEADER, "shape %u layers x %u kv-heads x %u, %u sections: out of range",
+				 r.n_layers, r.n_kv_heads, r.head_dim, n_sections);
+	if (r.n_tokens > SESSION_MAX_TOKENS || r.n_kv > r.n_tokens)
+		return error_set(err, SESSION_E_HEADER, "%u tokens, %u in the cache: out of range", r.n_tokens,
+				 r.n_kv);
+	if (r.file_bytes < SESSION_HEADER_BYTES || r.file_bytes > SESSION_MAX_FILE_BYTES)
+		return error_set(err, SESSION_E_HEADER, "file size %llu out of range",
+				 (unsigned long long)r.file_bytes);
+	*ret = r;
+	return 0;
+}
+
+/*
+ * Open the next section: it must be there whole, carry id and exactly
+ * expect_len payload bytes (any length up to max_len when expect_len is
+ * UINT64_MAX), and match its checksum. *ret_payload points at the
+ * payload. code is the section's error.
+ */
+static int in_section(In *in, uint32_t id, uint64_t expect_len, uint64_t max_len, int code,
+		      const char *what, const uint8_t **ret_payload, uint64_t *ret_len, Error *err)
+{
+	if (in->len - in->pos < SESSION_SECTION_HEADER_BYTES)
+		return error_set(err, SESSION_E_TRUNCATED, "%s: the file ends at its header", what);
+	const uint8_t *h = in->p + in->pos;
+	uint64_t len = get_le(h + 8, 8);
+	if (get_le(h, 4) != id || get_le(h + 4, 4) != 0)
+		return error_set(err, code, "%s: section id %u, expected %u", what, (unsigned)get_le(h, 4), id);
+	if (expect_len != UINT64_MAX ? len != expect_len : len > max_len)
+		return error_set(err, code, "%s: payload of %llu bytes, expected %llu", what,
+				 (unsigned long long)len,
+				 (unsigned long long)(expect_len != UINT64_MAX ? expect_len : max_len));
+	uint64_t avail = in->len - in->pos - SESSION_SECTION_HEADER_BYTES;
+	if (avail < 4 || len > avail - 4)
+		return error_set(err, SESSION_E_TRUNCATED, "%s: the file ends inside the section", what);
+	uint32_t crc = crc32c(h, SESSION_SECTION_HEADER_BYTES + (size_t)len);
+	if ((uint32_t)get_le(h + SESSION_SECTION_HEADER_BYTES + len, 4) != crc)
+		return error_set(err, code, "%s: checksum mismatch", what);
+	*ret_payload = h + SESSION_SECTION_HEADER_BYTES;
+	*ret_len = len;
+	in->pos += SESSION_SECTION_HEADER_BYTES + (size_t)len + 4;
+	return 0;
+}
+
+/* The planned types of layer i, or f32 for the plain cache. */
+static KvLayerTypes plan_layer(const SessionExpect *e, int i)
+{
+	if (e->plan)
+		return e->plan->layers[i];
+	KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32, .dim = e->shape.head_dim },
+			     .v = { .format = KV_FORMAT_F32, .dim = e->shape.head_dim } };
+	return f32;
+}
+
+/* One centered-key record of (layer, head) at *p into kv; *p moves past it. */
+static int read_center(const uint8_t **p, KvCache *kv, uint32_t n_kv, int layer, int head,
+		       Error *err)
+{
+	size_t d = (size_t)kv->shape.head_dim, n = (1 + BT) * d;
+	const uint8_t *q = *p;
+	uint32_t chosen = (uint32_t)get_le(q, 4);
+	/* positions past block 0 are stored centered: their mu must be there */
+	if (chosen > 1 || get_le(q + 4, 4) != 0 || (!chosen && n_kv > BT))
+		return error_set(err, SESSION_E_KV_SECTION,
+				 "layer %d head %d: centered-key state %u with %u tokens", layer, head,
+				 chosen, n_kv);
+	_cleanup_(freep) float *cs = malloc_array(n, sizeof(float));
+	if (!cs)
+		return error_set(err, -ENOMEM, "out of memory");
+	for (size_t x = 0; x < n; x++) {
+		uint32_t bits = (uint32_t)get_le(q + 8 + 4 * x, 4);
+		memcpy(&cs[x], &bits, 4);
+	}
+	int r = kvstore_key_center_put(kv, layer, head, chosen, cs, cs + d);
+	if (r != 0)
+		return error_set(err, SESSION_E_KV_SECTION,
+				 "layer %d head %d: a centered-key mean or key not finite%s", layer,
+				 head, chosen ? "" : ", or a mean before one was chosen");
+	*p += center_record_bytes((int)d);
+	return 0;
+}
+
+/*
+ * The KV section: kind, spec, seed and per-layer formats must match the
+ * plan before the cache is built; then every TQ descriptor is installed
+ * (kvstore_tq_desc_put checks it against the plan and the seed).
+ */
+static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCache **ret_kv,
+		   Error *err)
+{
+	int n_layers = e->shape.n_layers, n_heads = e->shape.n_kv_heads;
+	uint64_t expect = 16;
+	const uint8_t *p, *p0;
+	uint64_t len;
+	int r;
+
+	if ((r = in_section(in, SESSION_SECTION_KV, UINT64_MAX, 1u << 30, SESSION_E_KV_SECTION, "KV section",
+			    &p, &len, err)) != 0)
+		return r;
+	if (len < 16)
+		return error_set(err, SESSION_E_KV_SECTION, "KV section: %llu bytes", (unsigned long long)len);
+	uint64_t spec_len = get_le(p + 4, 4);
+	if (spec_len > KVSPEC_MAX_LEN)
+		return error_set(err, SESSION_E_KV_SECTION, "KV section: a spec of %llu bytes",
+				 (unsigned long long)spec_len);
+	expect += spec_len;
+	for (int i = 0; i < n_layers; i++) {
+		KvLayerTypes lt = plan_layer(e, i);
+		expect += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
+	}
+	if (len != expect) /* checksummed, so not damage: a file of another KV type */
+		return error_set(err, SESSION_E_KV_TYPE, "KV section of %llu bytes, this daemon's KV type needs %llu",
+				 (unsigned long long)len, (unsigned long long)expect);
+	p0 = p;
+	uint32_t kind = (uint32_t)get_le(p, 4);
+	uint64_t seed = get_le(p + 8, 8);
+	for (uint64_t i = 0; i < spec_len; i++)
+		if (p[16 + i] < 0x20 || p[16 + i] > 0x7e)
+			return error_set(err, SESSION_E_KV_SECTION, "KV section: the spec is not printable ASCII");
+	if (kind > 1)
+		return error_set(err, SESSION_E_KV_SECTION, "KV section: cache kind %u", kind);
+	if (kind != (e->plan ? 1u : 0u))
+		return error_set(err, SESSION_E_KV_TYPE, "saved with the %s cache, this daemon uses the %s cache",
+				 kind ? "compressed" : "f32", e->plan ? "compressed" : "f32");
+	if (kind == 0 && seed != 0)
+		return error_set(err, SESSION_E_KV_SECTION, "KV section: a seed for the f32 cache");
+	p += 16 + spec_len;
+	bool centered = false, pk = false;
+	for (int i = 0; i < n_layers; i++) {
+		KvLayerTypes lt = plan_layer(e, i);
+		if (p[0] != lt.k.format || p[1] != k_flags(&lt.k) || p[2] != lt.v.format || p[3] != lt.v.hadamard)
+			return error_set(err, SESSION_E_KV_TYPE, "layer %d: saved with other K/V formats", i);
+		centered |= lt.k.centered;
+		pk |= type_is_pk(&lt.k);
+		p += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
+	}
+	if (hd->version != file_version(centered, pk))
+		return error_set(err, SESSION_E_KV_SECTION, "version %u with%s centered keys", hd->version,
+				 centered ? "" : "out");
+
+	_cleanup_(kvcache_freep) KvCache *kv = NULL;
+	r = e->plan ? kvcache_new_quant(&e->shape, e->plan, seed, &kv, err) : kvcache_new_f32(&e->shape, &kv);
+	if (r != 0)
+		return r < 0 ? error_set(err, r, "cannot build the cache: %s", strerror(-r))
+			     : error_set(err, SESSION_E_KV_TYPE, "cannot build the cache: %s", err ? err->msg : "");
+	p = p0 + 16 + spec_len;
+	for (int i = 0; i < n_layers && e->plan; i++) {
+		KvLayerTypes lt = plan_layer(e, i);
+		p += 4;
+		for (int h = 0; h < n_heads; h++) {
+			for (int role = 0; role < 2; role++) {
+				if (!type_is_tq(role == 0 ? &lt.k : &lt.v))
+					continue;
+				TqDesc d;
+				Error e2 = { 0 };
+				r = tq_desc_decode(p, TQ_DESC_RECORD_BYTES, &d, &e2);
+				if (r != 0)
+					return error_set(err, SESSION_E_KV_SECTION, "layer %d head %d %c: %s", i, h,
+							 role ? 'V' : 'K', e2.msg);
+				r = kvstore_tq_desc_put(kv, i, h, (KvRole)role, &d, &e2);
+				if (r == -ENOMEM)
+					return error_set(err, r, "out of memory");
+				if (r != 0)
+					return error_set(err, SESSION_E_KV_TYPE, "layer %d head %d %c: %s", i, h,
+							 role ? 'V' : 'K', e2.msg);
+				p += TQ_DESC_RECORD_BYTES;
+			}
+			if (lt.k.centered && (r = read_center(&p, kv, hd->n_kv, i, h, err)) != 0)
+				return r;
+			if (type_is_pk(&lt.k))
+				p += pk_record_bytes(lt.k.dim, hd->n_kv); /* read_pk(), once the blocks are in */
+		}
+	}
+	in->kv_payload = p0;
+	*ret_kv = TAKE_PTR(kv);
+	return 0;
+}
+
+/*
+ * The pk-key records of the KV section (read_kv() checked its length and
+ * the formats) into kv, whose blocks are in: kvstore_pk_put() checks
+ * every value and that the coded blocks can be read.
+ */
+static int read_pk(const uint8_t *p, const SessionHeader *hd, const SessionExpect *e, KvCache *kv,
+		   Error *err)
+{
+	int n_layers = e->shape.n_layers, n_heads = e->shape.n_kv_heads;
+	p += 16 + get_le(p + 4, 4);
+	for (int i = 0; i < n_layers; i++) {
+		KvLayerTypes lt = plan_layer(e, i);
+		if (!type_is_pk(&lt.k)) {
+			p += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
+			continue;
+		}
+		p += 4;
+		size_t d = (size_t)lt.k.dim, n = pk_record_floats(lt.k.dim, hd->n_kv);
+		_cleanup_(freep) float *f = malloc_array(n, sizeof(float));
+		if (!f)
+			return error_set(err, -ENOMEM, "out of memory");
+		for (int h = 0; h < n_heads; h++) {
+			p += type_is_tq(&lt.v) * (size_t)TQ_DESC_RECORD_BYTES + center_record_bytes(lt.k.dim);
+			uint32_t chosen = (uint32_t)get_le(p, 4);
+			if (chosen > 1 || get_le(p + 4, 4) != 0)
+				return error_set(err, SESSION_E_KV_SECTION, "layer %d head %d: pk state %u", i, h,
+						 chosen);
+			for (size_t x = 0; x < n; x++) {
+				uint32_t bits = (uint32_t)get_le(p + 8 + 4 * x, 4);
+				memcpy(&f[x], &bits, 4);
+			}
+			/* w, then qe below 32 tokens, then the tail */
+			const float *qe = hd->n_kv < BT ? f + d / 2 : NULL;
+			const float *tail = f + d / 2 + (qe ? BT * d / 2 : 0);
+			int r = kvstore_pk_put(kv, i, h, hd->n_kv, chosen, qe, f, tail);
+			if (r == -ENOMEM)
+				return error_set(err, r, "out of memory");
+			if (r != 0)
+				return error_set(err, SESSION_E_KV_SECTION,
+						 "layer %d head %d: pk keys: a weight, energy or key not "
+						 "finite, weights missing, or a coded block that cannot be read",
+						 i, h);
+			p += pk_record_bytes(lt.k.dim, hd->n_kv);
+		}
+	}
+	return 0;
+}
+
+static int read_tokens(In *in, const SessionHeader *hd, const SessionExpect *e, int32_t **ret, Error *err)
+{
+	const uint8_t *p;
+	uint64_t len;
+	int r = in_section(in, SESSION_SECTION_TOKENS, 4 * (uint64_t)hd->n_tokens, 0, SESSION_E_TOKENS,
+			   "TOKENS section", &p, &len, err);
+	if (r != 0)
+		return r;
+	int32_t *t = malloc_array(hd->n_tokens ? hd->n_tokens : 1, sizeof(int32_t));
+	if (!t)
+		return error_set(err, -ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < hd->n_tokens; i++) {
+		uint32_t id = (uint32_t)get_le(p + 4 * (size_t)i, 4);
+		if (id >= (uint32_t)e->n_vocab) {
+			free(t);
+			return error_set(err, SESSION_E_TOKENS, "token %u: id %u outside the vocabulary of %d", i,
+					 id, e->n_vocab);
+		}
+		t[i] = (int32_t)id;
+	}
+	*ret = t;
+	return 0;
+}
+
+static int read_messages(In *in, SessionState *s, Error *err)
+{
+	const uint8_t *p;
+	uint64_t len;
+	int r = in_section(in, SESSION_SECTION_MESSAGES, UINT64_MAX,
+			   8 + 8ull * SESSION_MAX_MESSAGES + SESSION_MAX_TEXT_BYTES, SESSION_E_MESSAGES,
+			   "MESSAGES section", &p, &len, err);
+	if (r != 0)
+		return r;
+	if (len < 8)
+		return error_set(err, SESSION_E_MESSAGES, "MESSAGES section: %llu bytes", (unsigned long long)len);
+	uint32_t kind = (uint32_t)get_le(p, 4), n = (uint32_t)get_le(p + 4, 4);
+	if (kind > SESSION_KIND_CHAT || n > SESSION_MAX_MESSAGES || (kind == SESSION_KIND_RAW && n != 0))
+		return error_set(err, SESSION_E_MESSAGES, "MESSAGES section: kind %u with %u messages", kind, n);
+	s->kind = (SessionKind)kind;
+	if (!(s->messages = calloc_array(n, sizeof(SessionMessage))))
+		return error_set(err, -ENOMEM, "out of memory");
+	uint64_t pos = 8, text = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (len - pos < 8)
+			return error_set(err, SESSION_E_MESSAGES, "message %u: past the section's end", i);
+		const uint8_t *m = p + pos;
+		uint64_t mlen = get_le(m + 4, 4);
+		if (m[0] > SESSION_ROLE_ASSISTANT || m[1] || m[2] || m[3])
+			return error_set(err, SESSION_E_MESSAGES, "message %u: role %u", i, m[0]);
+		if (mlen > len - pos - 8 || (text += mlen) > SESSION_MAX_TEXT_BYTES)
+			return error_set(err, SESSION_E_MESSAGES, "message %u: %llu bytes past the section's end", i,
+					 (unsigned long long)mlen);
+		if (memchr(m + 8, 0, (size_t)mlen))
+			return error_set(err, SESSION_E_MESSAGES, "message %u: a NUL byte", i);
+		char *t = malloc((size_t)mlen + 1);
+		if (!t)
+			return error_set(err, -ENOMEM, "out of memory");
+		memcpy(t, m + 8, (size_t)mlen);
+		t[mlen] = 0;
+		s->messages[i] = (SessionMessage){ .role = (SessionRole)m[0], .text = t, .len = (size_t)mlen };
+		s->n_messages++;
+		pos += 8 + mlen;
+	}
+	if (pos != len)
+		return error_set(err, SESSION_E_MESSAGES, "MESSAGES section: %llu bytes after the last message",
+				 (unsigned long long)(len - pos));
+	return 0;
+}
+
+/* A LAYER section into layer of kv. */
+static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, Error *err)
+{
+	const KvCacheShape *sh = &kv->shape;
+	bool f32 = kvcache_is_f32(kv);
+	size_t bytes = f32 ? f32_block_bytes(sh->head_dim) : kvstore_block_bytes(kv, layer);
+	uint32_t n_blocks = (hd->n_kv + BT - 1) / BT;
+	uint64_t expect = 16 + (uint64_t)sh->n_kv_heads * n_blocks * bytes;
+	char what[48];
+	const uint8_t *p;
+	uint64_t len;
+
+	snprintf(what, sizeof(what), "LAYER section %d", layer);
+	int r = in_section(in, SESSION_SECTION_LAYER, expect, 0, SESSION_E_BLOCKS, what, &p, &len, err);
+	if (r != 0)
+		return r;
+	if (get_le(p, 4) != (uint64_t)layer || get_le(p + 4, 4) != n_blocks || get_le(p + 8, 8) != bytes)
+		return error_set(err, SESSION_E_BLOCKS, "%s: layer %u, %u blocks of %llu bytes; expected %d, %u of %zu",
+				 what, (unsigned)get_le(p, 4), (unsigned)get_le(p + 4, 4),
+				 (unsigned long long)get_le(p + 8, 8), layer, n_blocks, bytes);
+	p += 16;
+	float *k = NULL, *v = NULL;
+	if (f32)
+		(void)kvcache_f32_rows(kv, layer, &k, &v);
+	size_t d = (size_t)sh->head_dim, row = (size_t)sh->n_kv_heads * d;
+	for (int h = 0; h < sh->n_kv_heads; h++)
+		for (uint32_t b = 0; b < n_blocks; b++, p += bytes) {
+			if (!f32) {
+				if ((r = kvstore_block_put(kv, layer, h, b, p, bytes)) != 0)
+					return error_set(err, r, "cannot restore a block: %s", strerror(-r));
+				continue;
+			}
+			for (int t = 0; t < BT; t++) {
+				int64_t pos = (int64_t)b * BT + t;
+				if (pos >= (int64_t)hd->n_kv)
+					break;
+				memcpy(k + (size_t)pos * row + (size_t)h * d, p + (size_t)t * d * 4, d * 4);
+				memcpy(v + (size_t)pos * row + (size_t)h * d, p + (size_t)(BT + t) * d * 4, d * 4);
+			}
+		}
+	return 0;
+}
+
+/* session_read(), or with conversation_only session_read_conversation(). */
+static int read_file(const void *data, size_t len, const SessionExpect *e, bool conversation_only,
+		     SessionState **ret, Error *err)
+{
+	SessionHeader hd;
+	int r;
+
+	if ((r = session_peek(data, len, &hd, err)) != 0)
+		return r;
+	if (hd.fingerprint != e->fingerprint)
+		return error_set(err, SESSION_E_MODEL, "saved for the model with fingerprint %016llx, this is %016llx",
+				 (unsigned long long)hd.fingerprint, (unsigned long long)e->fingerprint);
+	if (hd.n_layers != (uint32_t)e->shape.n_layers || hd.n_kv_heads != (uint32_t)e->shape.n_kv_heads ||
+	    hd.head_dim != (uint32_t)e->shape.head_dim)
+		return error_set(err, SESSION_E_MODEL, "saved for %u layers x %u kv-heads x %u, the model has %d x %d x %d",
+				 hd.n_layers, hd.n_kv_heads, hd.head_dim, e->shape.n_layers, e->shape.n_kv_heads,
+				 e->shape.head_dim);
+	if (!conversation_only && (int64_t)hd.n_kv > e->shape.capacity)
+		return error_set(err, SESSION_E_TOO_LARGE, "%u cached tokens, the context holds %lld", hd.n_kv,
+				 (long long)e->shape.capacity);
+	if (hd.file_bytes != len)
+		return error_set(err, hd.file_bytes > len ? SESSION_E_TRUNCATED : SESSION_E_HEADER,
+				 "the header says %llu bytes, the file has %zu", (unsigned long long)hd.file_bytes, len);
+
+	_cleanup_(session_state_freep) SessionState *s = calloc(1, sizeof(*s));
+	if (!s)
+		return error_set(err, -ENOMEM, "out of memory");
+	In in = { .p = data, .len = len, .pos = SESSION_HEADER_BYTES };
+	const uint8_t *p;
+	uint64_t n;
+	/* conversation only: the KV and LAYER sections' checksums are checked, nothing else */
+	r = conversation_only ? in_section(&in, SESSION_SECTION_KV, UINT64_MAX, 1u << 30, SESSION_E_KV_SECTION,
+					   "KV section", &p, &n, err)
+			      : read_kv(&in, &hd, e, &s->kv, err);
+	if (r != 0)
+		return r;
+	if ((r = read_tokens(&in, &hd, e, &s->tokens, err)) != 0)
+		return r;
+	s->n_tokens = hd.n_tokens;
+	if ((r = read_messages(&in, s, err)) != 0)
+		return r;
+	for (int i = 0; i < e->shape.n_layers; i++) {
+		r = conversation_only ? in_section(&in, SESSION_SECTION_LAYER, UINT64_MAX, SESSION_MAX_FILE_BYTES,
+						   SESSION_E_BLOCKS, "LAYER section", &p, &n, err)
+				      : read_layer(&in, &hd, s->kv, i, err);
+		if (r != 0)
+			return r;
+	}
+	if (in.pos != len)
+		return error_set(err, SESSION_E_HEADER, "%zu bytes after the last section", len - in.pos);
+	if (s->kv && e->plan && (r = read_pk(in.kv_payload, &hd, e, s->kv, err)) != 0)
+		return r;
+	if (s->kv)
+		kvcache_set_n_tokens(s->kv, hd.n_kv);
+	*ret = TAKE_PTR(s);
+	return 0;
+}
+
+int session_read(const void *data, size_t len, const SessionExpect *e, SessionState **ret, Error *err)
+{
+	return read_file(data, len, e, false, ret, err);
+}
+
+int session_read_conversation(const void *data, size_t len, const SessionExpect *e, SessionState **ret,
+			      Error *err)
+{
+	return read_file(data, len, e, true, ret, err);
+}
+
+static int load_file(int dir_fd, const char *file, const SessionExpect *expect, bool conversation_only,
+		     SessionState **ret, Error *err)
+{
+	struct stat st;
+	int fd = openat(dir_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return error_set(err, -errno, "cannot open %s: %s", file, strerror(errno));
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		int e = S_ISREG(st.st_mode) ? -errno : -EINVAL;
+		safe_close(fd);
+		return error_set(err, e, "%s: not a regular file", file);
+	}
+	if ((uint64_t)st.st_size > SESSION_MAX_FILE_BYTES || (uint64_t)st.st_size > SIZE_MAX) {
+		safe_close(fd);
+		return error_set(err, SESSION_E_TOO_LARGE, "%s: %lld bytes", file, (long long)st.st_size);
+	}
+	size_t size = (size_t)st.st_size, got = 0;
+	_cleanup_(freep) uint8_t *buf = malloc(size ? size : 1);
+	if (!buf) {
+		safe_close(fd);
+		return error_set(err, -ENOMEM, "out of memory for a %zu-byte session", size);
+	}
+	while (got < size) {
+		ssize_t n = read(fd, buf + got, size - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int e = n < 0 ? -errno : 0;
+			safe_close(fd);
+			if (e)
+				return error_set(err, e, "read %s: %s", file, strerror(-e));
+			break; /* shrank under us: parse what is there */
+		}
+		got += (size_t)n;
+	}
+	safe_close(fd);
+	return read_file(buf, got, expect, conversation_only, ret, err);
+}
+
+int session_load_at(int dir_fd, const char *file, const SessionExpect *expect, SessionState **ret,
+		    Error *err)
+{
+	return load_file(dir_fd, file, expect, false, ret, err);
+}
+
+int session_load_conversation_at(int dir_fd, const char *file, const SessionExpect *expect,
+				 SessionState **ret, Error *err)
+{
+	return load_file(dir_fd, file, expect, true, ret, err);
+}

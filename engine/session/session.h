@@ -1,0 +1,266 @@
+/*
+ * session.h: the session file: one conversation's token ids, its chat
+ * messages and its KV cache, saved so that it can be restored bit for bit
+ * after a restart.
+ *
+ * Owns: the byte layout below, the atomic writer and the validating
+ * reader, which rebuilds a fresh KvCache (f32 or compressed store) from
+ * the file. Not here: where files live, names, quotas, locking (the
+ * daemon's session manager), the codecs themselves (tq.h, kvstore.h).
+ *
+ * == File layout (all integers little-endian, no padding) ==
+ *
+ * Header, SESSION_HEADER_BYTES = 64 bytes:
+ *
+ *   offset size field
+ *   0      8    magic "TKVSESS\0"
+ *   8      4    version: SESSION_VERSION_PK = 3 when a layer has pk
+ *               keys (kvpk.h), else SESSION_VERSION_CENTERED = 2 when a
+ *               layer has centered keys (+c), else SESSION_VERSION = 1
+ *   12     4    header size, 64
+ *   16     8    model fingerprint: gguf_fingerprint() of the model
+ *   24     4    n_layers
+ *   28     4    n_kv_heads
+ *   32     4    head_dim
+ *   36     4    n_tokens: token ids in the TOKENS section, <= SESSION_MAX_TOKENS
+ *   40     4    n_kv: tokens held by the KV cache (the first n_kv of the
+ *               token ids, in order), <= n_tokens
+ *   44     4    n_sections: 3 + n_layers
+ *   48     8    file size in bytes, header included
+ *   56     4    reserved, 0
+ *   60     4    CRC-32C of bytes 0..59
+ *
+ * Then n_sections sections in this fixed order: KV, TOKENS, MESSAGES,
+ * then one LAYER section per layer (layer 0 first). Each section is
+ *
+ *   16     section header: u32 id, u32 reserved (0), u64 payload length L
+ *   L      payload
+ *   4      CRC-32C of the section header and the payload (16 + L bytes)
+ *
+ * KV (id 1), the cache's type:
+ *   0      4    kind: 0 = the plain f32 cache (kvcache_new_f32), 1 = the
+ *               compressed store (kvcache_new_quant)
+ *   4      4    spec length S, 0..KVSPEC_MAX_LEN (the --kv text, for
+ *               people; printable ASCII)
+ *   8      8    cache seed (kvstore_seed(); 0 for kind 0)
+ *   16     S    spec text, not NUL-terminated
+ *   then per layer (n_layers times):
+ *          4    K format (KvFormat), K flags (bit 0 +h, bit 1 +c), V
+ *               format, V +h (0/1)
+ *          then per kv-head h (n_kv_heads times): the 176-byte TqDesc
+ *          record (tq.h) of h's K codec if K is TQ, then of V if V is TQ,
+ *          seeds and outlier masks included; then, if K is +c (kvtype.h),
+ *          8 + 132 head_dim bytes: u32 1 if mu is chosen else 0 (1
+ *          whenever n_kv > 32), u32 0, head_dim f32 mu (all zero while not
+ *          chosen), 32 x head_dim f32 keys of positions 0..31
+ *          (kvstore_key_center(); all finite); then, if K is pk (which
+ *          is always +c), kvstore_pk_state()'s: u32 1 if the pair
+ *          weights are chosen else 0 (1 whenever n_kv >= 32), u32 0,
+ *          head_dim / 2 f32 weights (zero while not chosen); only when
+ *          n_kv < 32, 16 head_dim f32 query energies (positions 0..31);
+ *          then the exact keys of positions max(32, 32 (n_kv / 32 - 1))
+ *          .. n_kv - 1 (the last coded block and the partial one; none
+ *          below 33 tokens), head_dim f32 each; all finite, none negative
+ *          but the keys
+ *   Kind 0 has every format f32 without +h.
+ *
+ * TOKENS (id 2): n_tokens x u32 token id, each < the model's vocabulary.
+ *
+ * MESSAGES (id 3), the conversation as the chat template renders it:
+ *   0      4    kind: 0 = raw text (tokens were appended as is, no
+ *               messages), 1 = chat
+ *   4      4    n_messages, <= SESSION_MAX_MESSAGES (0 for raw)
+ *   then per message: u8 role (0 system, 1 user, 2 assistant), 3 bytes
+ *   0, u32 length, that many bytes of text (no NUL bytes). The texts
+ *   together are at most SESSION_MAX_TEXT_BYTES.
+ *
+ * LAYER (id 4), the KV rows of one layer:
+ *   0      4    layer index (the section's position: 0, 1, ...)
+ *   4      4    n_blocks = ceil(n_kv / 32)
+ *   8      8    block bytes: the compressed store's kvstore_block_bytes(),
+ *               for kind 0 32 * 2 * head_dim * 4
+ *   16     n_kv_heads * n_blocks * block bytes: kv-head 0's blocks 0..,
+ *          then kv-head 1's, ... Each block holds positions 32 i ..
+ *          32 i + 31 as kvstore.h lays it out (32 K rows, then 32 V
+ *          rows); kind 0 writes f32 rows the same way. Rows at positions
+ *          >= n_kv are written as zeros; so is the whole K region of a
+ *          pk layer's partial last block (its keys are in the KV
+ *          section), and every coded pk block (1 .. n_kv / 32 - 1) must
+ *          pass kvpk_block_coded().
+ *
+ * == Reading ==
+ *
+ * session_read() trusts nothing: it checks the magic, version and header
+ * checksum, then every field against the caller's SessionExpect (the
+ * model fingerprint and shape, the KV plan, the vocabulary, the
+ * capacity) and the hard caps, every section's id, position, length
+ * (computed from the header, never taken on faith) and checksum, before
+ * anything is built; then each TqDesc must decode and match the plan with
+ * the stored seed's derived seeds (outlier masks are taken from the
+ * file), and each layer's block size must match the cache built for the
+ * plan. Each failure has its own code below. A file that passes restores
+ * into a fresh cache whose blocks equal the saved ones byte for byte.
+ *
+ * == Writing ==
+ *
+ * session_save_at() writes "<file>.tmp" in the same directory (mode
+ * 0600), fsyncs it, renames it over "<file>" and fsyncs the directory: a
+ * crash or a full disk at any point leaves either the old file or the new
+ * one, never a mix. The temporary file is removed on failure.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/util.h"
+#include "engine/kv/kvcache.h"
+#include "engine/kv/kvtype.h"
+
+#define SESSION_MAGIC "TKVSESS"          /* 8 bytes with its NUL */
+#define SESSION_VERSION 1u          /* no layer with centered keys */
+#define SESSION_VERSION_CENTERED 2u /* version 1 plus centered-key records */
+#define SESSION_VERSION_PK 3u       /* version 2 plus pk-key records */
+#define SESSION_HEADER_BYTES 64u
+#define SESSION_SECTION_HEADER_BYTES 16u
+#define SESSION_MAX_TOKENS (1u << 24)
+#define SESSION_MAX_MESSAGES 65536u
+#define SESSION_MAX_TEXT_BYTES (256u << 20)
+#define SESSION_MAX_FILE_BYTES (1ull << 34) /* 16 GiB */
+
+enum {
+	SESSION_SECTION_KV = 1,
+	SESSION_SECTION_TOKENS = 2,
+	SESSION_SECTION_MESSAGES = 3,
+	SESSION_SECTION_LAYER = 4,
+};
+
+/* Module error codes (positive; -errno for system errors). */
+enum {
+	SESSION_E_TRUNCATED = 1, /* the file ends before its structure does */
+	SESSION_E_MAGIC,         /* not a session file */
+	SESSION_E_VERSION,       /* a version this build cannot read */
+	SESSION_E_HEADER,        /* header checksum, or a header field out of range or inconsistent */
+	SESSION_E_MODEL,         /* saved for another model (fingerprint or shape) */
+	SESSION_E_KV_TYPE,       /* saved with another KV type (or seed-inconsistent codecs) */
+	SESSION_E_KV_SECTION,    /* the KV section: checksum, id, length or content */
+	SESSION_E_TOKENS,        /* the TOKENS section: checksum, id, length or a token id */
+	SESSION_E_MESSAGES,      /* the MESSAGES section: checksum, id, length or content */
+	SESSION_E_BLOCKS,        /* a LAYER section: checksum, id, length or block size */
+	SESSION_E_TOO_LARGE,     /* more tokens than the cache holds, or beyond the caps */
+};
+
+typedef enum SessionKind {
+	SESSION_KIND_RAW = 0,
+	SESSION_KIND_CHAT = 1,
+} SessionKind;
+
+typedef enum SessionRole {
+	SESSION_ROLE_SYSTEM = 0,
+	SESSION_ROLE_USER = 1,
+	SESSION_ROLE_ASSISTANT = 2,
+} SessionRole;
+
+typedef struct SessionMessage {
+	SessionRole role;
+	char *text;  /* NUL-terminated, owned */
+	size_t len;
+} SessionMessage;
+
+/*
+ * A session in memory. The first kvcache_n_tokens(kv) entries of tokens
+ * are the ones the cache holds. Owns everything it points to.
+ */
+typedef struct SessionState {
+	SessionKind kind;
+	int32_t *tokens;          /* (n_tokens,) */
+	size_t n_tokens;
+	SessionMessage *messages; /* (n_messages,) */
+	size_t n_messages;
+	KvCache *kv;              /* f32 cache or compressed store */
+} SessionState;
+
+/* What the reader checks a file against. */
+typedef struct SessionExpect {
+	uint64_t fingerprint;
+	KvCacheShape shape;       /* model shape; capacity = the restored cache's */
+	int32_t n_vocab;
+	const KvPlan *plan;       /* NULL: the plain f32 cache */
+} SessionExpect;
+
+/* Test hooks of the writer (all 0: none). */
+typedef struct SessionSaveHooks {
+	uint64_t fail_after_bytes;  /* writes fail with -ENOSPC past this many bytes */
+	uint64_t pause_after_bytes; /* sleep pause_ms once this many bytes are written */
+	unsigned pause_ms;
+} SessionSaveHooks;
+
+/* Header fields, for listings (session_peek). */
+typedef struct SessionHeader {
+	uint32_t version;
+	uint64_t fingerprint;
+	uint32_t n_layers, n_kv_heads, head_dim;
+	uint32_t n_tokens, n_kv;
+	uint64_t file_bytes;
+} SessionHeader;
+
+SessionState *session_state_free(SessionState *s);
+DEFINE_FREEP(SessionState, session_state_free)
+
+/*
+ * Write s (fingerprint of its model, kv_spec the --kv text) to fd at its
+ * current position. Returns 0, -errno (-ENOSPC...) or -EINVAL (a state
+ * the format cannot hold: more than SESSION_MAX_TOKENS tokens, an
+ * unchosen outlier mask...), with err set; *ret_bytes (may be NULL) gets
+ * the file size.
+ */
+int session_write_fd(int fd, const SessionState *s, uint64_t fingerprint, const char *kv_spec,
+		     const SessionSaveHooks *hooks, uint64_t *ret_bytes, Error *err);
+
+/*
+ * Atomically replace file (a name inside dir_fd) with s, as described
+ * above. Same returns as session_write_fd(); on failure the old file is
+ * untouched and no temporary file is left behind.
+ */
+int session_save_at(int dir_fd, const char *file, const SessionState *s, uint64_t fingerprint,
+		    const char *kv_spec, const SessionSaveHooks *hooks, uint64_t *ret_bytes,
+		    Error *err);
+
+/*
+ * Validate the len bytes at data and rebuild the session. Returns 0, a
+ * SESSION_E_* code, or -ENOMEM, with err naming what was wrong; *ret
+ * written only on success. Safe on arbitrary input.
+ */
+int session_read(const void *data, size_t len, const SessionExpect *expect, SessionState **ret,
+		 Error *err);
+
+/* Read file inside dir_fd whole (regular files only) and session_read() it. */
+int session_load_at(int dir_fd, const char *file, const SessionExpect *expect, SessionState **ret,
+		    Error *err);
+
+/*
+ * The conversation of a file whose cache this reader cannot take
+ * (session_read() said SESSION_E_KV_TYPE: saved with another KV type):
+ * the tokens and messages, checked as session_read() checks them, and no
+ * cache (ret->kv NULL), so the prompt is computed again when the
+ * conversation goes on. The header must still match the model, and every
+ * section's id, length and checksum is verified; the KV and LAYER
+ * payloads are not interpreted. Same returns as session_read().
+ */
+int session_read_conversation(const void *data, size_t len, const SessionExpect *expect,
+			      SessionState **ret, Error *err);
+
+/* session_load_at(), then session_read_conversation() of the bytes. */
+int session_load_conversation_at(int dir_fd, const char *file, const SessionExpect *expect,
+				 SessionState **ret, Error *err);
+
+/*
+ * Check a header (magic, version, checksum, field ranges) without reading
+ * the rest: for listings. Returns 0, SESSION_E_TRUNCATED, _MAGIC,
+ * _VERSION or _HEADER.
+ */
+int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err);
+
+/* A short name of a SESSION_E_* code ("truncated", "bad magic", ...). */
+const char *session_error_name(int code);
