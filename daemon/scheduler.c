@@ -34,6 +34,7 @@ struct Scheduler {
 	Request *batch[MANAGER_MAX_ACTIVE_REQUESTS];
 	KvCache *kvs[MANAGER_MAX_ACTIVE_REQUESTS];
 	int32_t tokens[MANAGER_MAX_ACTIVE_REQUESTS];
+	int status[MANAGER_MAX_ACTIVE_REQUESTS]; /* model_eval_batch()'s, per request */
 	float *logits;
 
 	/* For sizing prefill chunks next to decoders (see scheduler.h). */
@@ -183,13 +184,15 @@ static bool scheduler_decode_round(Scheduler *s)
 		return true;
 
 	uint64_t t0 = now_ns();
-	int k = model_eval_batch(m->model, m->run, s->kvs, s->tokens, n_eval, s->logits);
+	int k = model_eval_batch(m->model, m->run, s->kvs, s->tokens, n_eval, s->logits, s->status);
 	uint64_t dt = now_ns() - t0;
 	s->decode_round_ns = dt;
 	for (int i = 0; i < n_eval; i++) {
 		Request *r = s->batch[i];
-		int done = k != 0 ? request_decode_fail(r, k)
-				  : request_decode_output(r, m, s->logits + (size_t)i * n_vocab, dt);
+		/* a failing cache fails its own request; the round's other requests go on */
+		int e = k ? k : s->status[i];
+		int done = e ? request_decode_fail(r, e)
+			     : request_decode_output(r, m, s->logits + (size_t)i * n_vocab, dt);
 		if (done)
 			connection_request_done(r->conn, r);
 	}

@@ -26,7 +26,6 @@ typedef struct CudaKvCache {
 	KvCache *shadow;
 	CudaKv **layers; /* (n_layers,) NULL until built */
 	void **reserved; /* (n_layers,) device memory held for a layer built at its first append */
-	int error;       /* of the first failed attend since the last take_error(), 0 if none */
 } CudaKvCache;
 
 static const KvCacheOps cuda_kvcache_ops;
@@ -40,15 +39,6 @@ static CudaKvCache *cache_of(KvCache *kv)
 bool cuda_kvcache_is(const KvCache *kv)
 {
 	return kv && kv->ops == &cuda_kvcache_ops;
-}
-
-/* KvCacheOps.take_error: attend() has no return value. */
-static int cache_take_error(KvCache *kv)
-{
-	CudaKvCache *c = cache_of(kv);
-	int r = c->error;
-	c->error = 0;
-	return r;
 }
 
 /* ---- shape and type checks: everything the GPU cannot take fails at creation ---- */
@@ -345,9 +335,6 @@ static int cache_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 {
 	CudaKvCache *c = cache_of(kv);
 	assert(layer >= 0 && layer < kv->shape.n_layers);
-	int r = cache_take_error(kv);
-	if (r)
-		return r;
 	if (n_tok == 0)
 		return 0;
 	if (!c->layers[layer])
@@ -355,17 +342,15 @@ static int cache_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 	return cuda_kv_append(c->layers[layer], 0, pos0, n_tok, k, v);
 }
 
-static void cache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
-			 const float *q, float *out)
+static int cache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+			const float *q, float *out)
 {
 	CudaKvCache *c = cache_of(kv);
 	assert(layer >= 0 && layer < kv->shape.n_layers);
 	if (n_tok <= 0)
-		return;
+		return 0;
 	/* a layer without a CudaKv holds no tokens: nothing to attend to */
-	int r = c->layers[layer] ? cuda_kv_attend(c->layers[layer], &pos0, 1, n_tok, q, out) : -EINVAL;
-	if (r && !c->error)
-		c->error = r;
+	return c->layers[layer] ? cuda_kv_attend(c->layers[layer], &pos0, 1, n_tok, q, out) : -EINVAL;
 }
 
 static size_t cache_bytes_per_token(const KvCache *kv)
@@ -415,7 +400,6 @@ static const KvCacheOps cuda_kvcache_ops = {
 	.attend = cache_attend,
 	.bytes_per_token = cache_bytes_per_token,
 	.to_host = cache_to_host,
-	.take_error = cache_take_error,
 	.free = cache_free,
 };
 

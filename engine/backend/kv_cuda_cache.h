@@ -23,8 +23,9 @@
  *     cache around a restored host cache and uploads its blocks.
  *
  * A failed attend (a launch error, device memory for scratch, a layer
- * attended before its first append) is kept for kvcache_take_error(); the
- * next append returns it too. Kernels run on the legacy default stream.
+ * attended before its first append) returns its error; a failure of the
+ * kernels themselves shows at the next synchronising call (the model's
+ * logits download). Kernels run on the legacy default stream.
  *
  * Not here: the kernels (kv_cuda.cu, kv_cuda_append.cu), the model and
  * its backend (engine/backend/backend.h), session files (engine/session/session.h).

@@ -18,6 +18,8 @@ typedef struct KvCacheF32 {
 	KvCache base;
 	float *k; /* (n_layers, capacity, n_kv_heads * head_dim) */
 	float *v; /* (n_layers, capacity, n_kv_heads * head_dim) */
+	float *scores;   /* (n_scores,) attention scratch, kept between calls */
+	size_t n_scores;
 } KvCacheF32;
 
 static size_t f32_row(const KvCacheShape *s)
@@ -43,6 +45,7 @@ typedef struct F32AttendJob {
 	int64_t pos0, n_tok;
 	const float *q;
 	float *out;
+	float *scores;   /* (threads, pos0 + n_tok) */
 } F32AttendJob;
 
 /* One (token, head) pair: out_h = softmax(q_h K^T / sqrt(d)) V over positions 0..pos. */
@@ -74,24 +77,30 @@ static void f32_attend_task(void *ctx, int ith, int nth)
 	const KvCacheShape *s = &j->c->base.shape;
 	long begin, end;
 	threadpool_split((long)(j->n_tok * s->n_heads), ith, nth, &begin, &end);
-	if (begin >= end)
-		return;
-	/* Scores for the longest row this thread sees; the cache capacity bounds it. */
-	_cleanup_(freep) float *scores = malloc_array(j->pos0 + j->n_tok, sizeof(float));
-	if (!scores)
-		abort(); /* a few KB per thread; no sane recovery mid-layer */
+	/* room for the longest row any thread sees */
+	float *scores = j->scores + (size_t)ith * (size_t)(j->pos0 + j->n_tok);
 	for (long i = begin; i < end; i++)
 		f32_attend_one(j, i / s->n_heads, (int)(i % s->n_heads), scores);
 }
 
-static void f32_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
-		       const float *q, float *out)
+static int f32_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		      const float *q, float *out)
 {
+	KvCacheF32 *c = (KvCacheF32 *)kv;
+	size_t need = (size_t)(tp ? threadpool_n_threads(tp) : 1) * (size_t)(pos0 + n_tok);
+	if (need > c->n_scores) {
+		float *grown = realloc(c->scores, need * sizeof(float));
+		if (!grown)
+			return -ENOMEM;
+		c->scores = grown;
+		c->n_scores = need;
+	}
 	F32AttendJob j = {
-		.c = (const KvCacheF32 *)kv, .layer = layer, .pos0 = pos0, .n_tok = n_tok,
-		.q = q, .out = out,
+		.c = c, .layer = layer, .pos0 = pos0, .n_tok = n_tok, .q = q, .out = out,
+		.scores = c->scores,
 	};
 	threadpool_run(tp, f32_attend_task, &j);
+	return 0;
 }
 
 static size_t f32_bytes_per_token(const KvCache *kv)
@@ -104,6 +113,7 @@ static void f32_free(KvCache *kv)
 	KvCacheF32 *c = (KvCacheF32 *)kv;
 	free(c->k);
 	free(c->v);
+	free(c->scores);
 	free(c);
 }
 
@@ -157,10 +167,10 @@ int kvcache_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const fl
 	return kv->ops->append(kv, layer, pos0, n_tok, k, v);
 }
 
-void kvcache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
-		    const float *q, float *out)
+int kvcache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		   const float *q, float *out)
 {
-	kv->ops->attend(kv, tp, layer, pos0, n_tok, q, out);
+	return kv->ops->attend(kv, tp, layer, pos0, n_tok, q, out);
 }
 
 int64_t kvcache_n_tokens(const KvCache *kv)
@@ -177,11 +187,6 @@ void kvcache_set_n_tokens(KvCache *kv, int64_t n)
 size_t kvcache_bytes_per_token(const KvCache *kv)
 {
 	return kv->ops->bytes_per_token(kv);
-}
-
-int kvcache_take_error(KvCache *kv)
-{
-	return kv->ops->take_error ? kv->ops->take_error(kv) : 0;
 }
 
 const char *kvcache_device(const KvCache *kv)
@@ -233,14 +238,15 @@ static int tap_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const
 	return r;
 }
 
-static void tap_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
-		       const float *q, float *out)
+static int tap_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		      const float *q, float *out)
 {
 	KvCacheTapped *c = (KvCacheTapped *)kv;
 	c->inner->n_tokens = kv->n_tokens;
-	kvcache_attend(c->inner, tp, layer, pos0, n_tok, q, out);
-	if (c->tap.on_attend)
+	int r = kvcache_attend(c->inner, tp, layer, pos0, n_tok, q, out);
+	if (r == 0 && c->tap.on_attend)
 		c->tap.on_attend(c->tap.userdata, layer, pos0, n_tok, q, out);
+	return r;
 }
 
 static size_t tap_bytes_per_token(const KvCache *kv)

@@ -46,9 +46,13 @@ typedef struct KvCacheOps {
 	/* Store n_tok tokens at positions pos0.. of layer: k, v (n_tok, n_kv_heads * head_dim). */
 	int (*append)(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
 		      const float *v);
-	/* out (n_tok, n_heads * head_dim) = causal attention of q (n_tok, n_heads * head_dim). */
-	void (*attend)(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
-		       const float *q, float *out);
+	/*
+	 * out (n_tok, n_heads * head_dim) = causal attention of q (n_tok,
+	 * n_heads * head_dim). Reads the cache only. Returns 0 or a negative
+	 * errno (-ENOMEM for scratch; out is then unspecified).
+	 */
+	int (*attend)(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		      const float *q, float *out);
 	/* Bytes stored per token, all layers, K and V. */
 	size_t (*bytes_per_token)(const KvCache *kv);
 	/*
@@ -57,13 +61,6 @@ typedef struct KvCacheOps {
 	 * Owned by kv, valid until its next append.
 	 */
 	int (*to_host)(KvCache *kv, KvCache **ret);
-	/*
-	 * Optional: attend() returns nothing, so a cache whose attend can fail
-	 * (a device launch, device scratch memory) keeps the first failure;
-	 * this returns and clears it (0 or a negative errno). The model asks
-	 * after every batch.
-	 */
-	int (*take_error)(KvCache *kv);
 	void (*free)(KvCache *kv);
 } KvCacheOps;
 
@@ -81,8 +78,9 @@ DEFINE_FREEP(KvCache, kvcache_free)
 
 int kvcache_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
 		   const float *v);
-void kvcache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
-		    const float *q, float *out);
+/* KvCacheOps.attend: 0 or a negative errno (the request fails, not the process). */
+int kvcache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+		   const float *q, float *out);
 
 /* Tokens present in every layer (advanced by the model after a batch). */
 int64_t kvcache_n_tokens(const KvCache *kv);
@@ -90,8 +88,6 @@ void kvcache_set_n_tokens(KvCache *kv, int64_t n);
 
 size_t kvcache_bytes_per_token(const KvCache *kv);
 
-/* KvCacheOps.take_error, or 0 for a cache without one. */
-int kvcache_take_error(KvCache *kv);
 
 /* The backend name of kv's memory: "cpu" for host caches. */
 const char *kvcache_device(const KvCache *kv);

@@ -1080,13 +1080,13 @@ static void choose_split(const KvStore *s, ThreadPool *tp, int64_t pos0, int64_t
 	*ret_chunks = (max_blocks + per - 1) / per;
 }
 
-static void store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
-			 const float *q, float *out)
+static int store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+			const float *q, float *out)
 {
 	KvStore *s = (KvStore *)kv;
 	const KvCacheShape *sh = &kv->shape;
 	if (n_tok <= 0)
-		return;
+		return 0;
 	for (int h = 0; h < sh->n_kv_heads; h++)
 		if (side_is_pk(&s->layers[layer].heads[h].k))
 			pk_encode_ready(s, &s->layers[layer], h, pos0, n_tok, q);
@@ -1099,17 +1099,17 @@ static void store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, i
 	size_t n;
 	if (size_mul_overflows((size_t)n_tok * sh->n_heads, (size_t)j.n_chunks, &n) ||
 	    size_mul_overflows(n, (size_t)sh->head_dim + 2, &n))
-		abort();
+		return -ENOMEM;
 	if (n > s->part_n) {
 		float *grown = realloc(s->part, n * sizeof(float));
 		if (!grown)
-			abort(); /* the interface cannot report it; a few MB at most */
+			return -ENOMEM;
 		s->part = grown;
 		s->part_n = n;
 	}
 	j.part = s->part;
 	if (store_scratch_reserve(s, tp ? threadpool_n_threads(tp) : 1, j.group) < 0)
-		abort(); /* as above: tens of KB per thread */
+		return -ENOMEM;
 	j.scores = kv_attn_scores_get();
 	j.softmax = kv_attn_softmax_get();
 	j.values = kv_attn_values_get();
@@ -1118,6 +1118,7 @@ static void store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, i
 	for (int h = 0; h < sh->n_kv_heads; h++)
 		if (side_is_pk(&s->layers[layer].heads[h].k))
 			pk_stage_trim(&s->layers[layer].heads[h].k, pos0 + n_tok);
+	return 0;
 }
 
 static const KvCacheOps kvstore_ops = {

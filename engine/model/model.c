@@ -480,6 +480,7 @@ struct ModelRun {
 	float *logits;  /* (B, n_vocab) when the backend is not host memory, else NULL */
 	int64_t *pos;     /* host (B,): position of each sequence of a multi-sequence batch */
 	int64_t *tok_pos; /* host (B,): position of each token of the batch */
+	int32_t *tok;     /* host (B,): the tokens of a multi-sequence batch (0 for a failed one) */
 };
 
 /*
@@ -491,6 +492,13 @@ typedef struct EvalSeqs {
 	KvCache *const *kvs;  /* (n_seq,) */
 	const int64_t *pos;   /* (n_seq,) first position of each sequence's tokens */
 	int64_t n_seq;
+	/*
+	 * (n_seq,) 0, or why sequence i failed (set before the batch for
+	 * input errors, by the batch for its cache's): a failed sequence is
+	 * neither appended to nor attended any more, and its cache is not
+	 * advanced. Its rows of the batch still run through the weights.
+	 */
+	int *status;
 } EvalSeqs;
 
 ModelRun *model_run_free(ModelRun *r)
@@ -503,6 +511,7 @@ ModelRun *model_run_free(ModelRun *r)
 			r->b->ops->dealloc(r->b, bufs[i]);
 	free(r->pos);
 	free(r->tok_pos);
+	free(r->tok);
 	free(r);
 	return NULL;
 }
@@ -539,7 +548,8 @@ int model_run_new(const Model *m, int max_batch, ThreadPool *tp, ModelRun **ret)
 		return e;
 	r->pos = malloc_array(b, sizeof(int64_t));
 	r->tok_pos = malloc_array(b, sizeof(int64_t));
-	if (!r->pos || !r->tok_pos)
+	r->tok = malloc_array(b, sizeof(int32_t));
+	if (!r->pos || !r->tok_pos || !r->tok)
 		return -ENOMEM;
 	*ret = TAKE_PTR(r);
 	return 0;
@@ -560,8 +570,19 @@ static void seq_attend_task(void *ctx, int ith, int nth)
 	long begin, end;
 	threadpool_split((long)j->s->n_seq, ith, nth, &begin, &end);
 	for (long i = begin; i < end; i++)
-		kvcache_attend(j->s->kvs[i], NULL, j->layer, j->s->pos[i], 1, j->q + i * j->qdim,
-			       j->att + i * j->qdim);
+		if (!j->s->status[i])
+			j->s->status[i] = kvcache_attend(j->s->kvs[i], NULL, j->layer, j->s->pos[i], 1,
+							 j->q + i * j->qdim, j->att + i * j->qdim);
+}
+
+/* A KV cache's append code as the model's: what the caller of model_eval*() sees. */
+static int append_status(int e)
+{
+	if (e == KVCACHE_E_FULL)
+		return MODEL_E_CONTEXT;
+	if (e > 0) /* KVCACHE_E_POSITION: the model always appends at the end */
+		return -EINVAL;
+	return e;
 }
 
 /*
@@ -570,31 +591,29 @@ static void seq_attend_task(void *ctx, int ith, int nth)
  * least as many sequences as threads, each host thread takes whole
  * sequences (one dispatch per layer instead of one per sequence);
  * otherwise each sequence's attention is split across the threads by the
- * cache. Device caches get their calls from this thread, in order.
+ * cache. Device caches get their calls from this thread, in order. A
+ * cache that fails fails its own sequence (s->status), not the batch.
  */
-static int layer_attend(ModelRun *r, const EvalSeqs *s, int il, int64_t n, int64_t qdim, int64_t kvdim)
+static void layer_attend(ModelRun *r, const EvalSeqs *s, int il, int64_t n, int64_t qdim, int64_t kvdim)
 {
 	int64_t per = n / s->n_seq; /* tokens per sequence */
 	int nth = r->tp ? threadpool_n_threads(r->tp) : 1;
 	for (int64_t i = 0; i < s->n_seq; i++) {
 		int64_t t = i * per;
-		int e = kvcache_append(s->kvs[i], il, s->pos[i], per, r->k + t * kvdim, r->v + t * kvdim);
-		if (e == KVCACHE_E_FULL)
-			return MODEL_E_CONTEXT;
-		if (e > 0) /* KVCACHE_E_POSITION: the model always appends at the end */
-			return -EINVAL;
-		if (e < 0)
-			return e;
+		if (!s->status[i])
+			s->status[i] = append_status(kvcache_append(s->kvs[i], il, s->pos[i], per,
+								    r->k + t * kvdim, r->v + t * kvdim));
 	}
 	if (backend_is_host(r->b) && s->n_seq > 1 && s->n_seq >= nth) {
 		SeqAttendJob j = { .s = s, .layer = il, .qdim = qdim, .q = r->q, .att = r->att };
 		threadpool_run(r->tp, seq_attend_task, &j);
-		return 0;
+		return;
 	}
 	ThreadPool *tp = backend_is_host(r->b) ? r->tp : NULL;
 	for (int64_t i = 0; i < s->n_seq; i++)
-		kvcache_attend(s->kvs[i], tp, il, s->pos[i], per, r->q + i * per * qdim, r->att + i * per * qdim);
-	return 0;
+		if (!s->status[i])
+			s->status[i] = kvcache_attend(s->kvs[i], tp, il, s->pos[i], per, r->q + i * per * qdim,
+						      r->att + i * per * qdim);
 }
 
 static int layer_forward(const Model *m, ModelRun *r, const EvalSeqs *s, int il, int64_t n)
@@ -620,8 +639,7 @@ static int layer_forward(const Model *m, ModelRun *r, const EvalSeqs *s, int il,
 	if ((e = ops->rope(b, &m->rope, r->q, n, c->n_heads, c->head_dim, r->cs, r->sn)) ||
 	    (e = ops->rope(b, &m->rope, r->k, n, c->n_kv_heads, c->head_dim, r->cs, r->sn)))
 		return e;
-	if ((e = layer_attend(r, s, il, n, qdim, kvdim)))
-		return e;
+	layer_attend(r, s, il, n, qdim, kvdim);
 	const MatmulWeight *wo = &w->wo;
 	if ((e = ops->matmul(b, r->tp, &wo, &r->xb, 1, r->att, n)) ||
 	    (e = ops->add(b, r->x, r->xb, n * c->dim)))
@@ -666,6 +684,8 @@ static int batch_logits(const Model *m, ModelRun *r, int64_t first, int64_t n, f
  * One batch of n <= max_batch tokens of the sequences s (EvalSeqs), token
  * i at position pos(i). Logits of the last token go to last_logits, of
  * every token to all_logits (n, n_vocab), when non-NULL (host arrays).
+ * Returns 0 when the batch ran (s->status then says which sequences
+ * went in) or the backend's error, which fails every sequence.
  */
 static int eval_batch(const Model *m, ModelRun *r, const EvalSeqs *s, const int32_t *tokens, int64_t n,
 		      float *last_logits, float *all_logits)
@@ -683,11 +703,9 @@ static int eval_batch(const Model *m, ModelRun *r, const EvalSeqs *s, const int3
 	for (int il = 0; il < c->n_layers; il++)
 		if ((e = layer_forward(m, r, s, il, n)))
 			return e;
-	for (int64_t i = 0; i < s->n_seq; i++) {
-		if ((e = kvcache_take_error(s->kvs[i])))
-			return e; /* a failed attend: the batch's outputs are not to be trusted */
-		kvcache_set_n_tokens(s->kvs[i], s->pos[i] + per);
-	}
+	for (int64_t i = 0; i < s->n_seq; i++)
+		if (!s->status[i])
+			kvcache_set_n_tokens(s->kvs[i], s->pos[i] + per);
 
 	if (all_logits) {
 		if ((e = batch_logits(m, r, 0, n, all_logits)))
@@ -723,10 +741,11 @@ int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, 
 		int64_t b = MIN(n - done, (int64_t)r->max_batch);
 		bool last = done + b == n;
 		int64_t pos0 = kvcache_n_tokens(kv);
-		EvalSeqs s = { .kvs = &kv, .pos = &pos0, .n_seq = 1 };
+		int status = 0;
+		EvalSeqs s = { .kvs = &kv, .pos = &pos0, .n_seq = 1, .status = &status };
 		int e = eval_batch(m, r, &s, tokens + done, b, last ? ret_logits : NULL,
 				   all_logits ? all_logits + done * c->n_vocab : NULL);
-		if (e)
+		if (e || (e = status))
 			return e;
 		done += b;
 	}
@@ -734,7 +753,7 @@ int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, 
 }
 
 int model_eval_batch(const Model *m, ModelRun *r, KvCache *const *kvs, const int32_t *tokens, int n,
-		     float *logits)
+		     float *logits, int *ret_status)
 {
 	const ModelConfig *c = &m->cfg;
 	if (n < 1)
@@ -746,18 +765,22 @@ int model_eval_batch(const Model *m, ModelRun *r, KvCache *const *kvs, const int
 				return -EINVAL;
 		if (!cache_fits(m, kvs[i]))
 			return -EINVAL;
-		if (kvcache_n_tokens(kvs[i]) >= kvs[i]->shape.capacity)
-			return MODEL_E_CONTEXT;
-		if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
-			return MODEL_E_TOKEN;
 	}
 
 	for (int done = 0; done < n;) {
 		int b = MIN(n - done, r->max_batch);
-		for (int i = 0; i < b; i++)
-			r->pos[i] = kvcache_n_tokens(kvs[done + i]);
-		EvalSeqs s = { .kvs = kvs + done, .pos = r->pos, .n_seq = b };
-		int e = eval_batch(m, r, &s, tokens + done, b, NULL, logits + (size_t)done * c->n_vocab);
+		int *status = ret_status + done;
+		for (int i = 0; i < b; i++) {
+			KvCache *kv = kvs[done + i];
+			int32_t t = tokens[done + i];
+			status[i] = kvcache_n_tokens(kv) >= kv->shape.capacity ? MODEL_E_CONTEXT
+				    : t < 0 || t >= c->n_vocab		  ? MODEL_E_TOKEN
+									  : 0;
+			r->pos[i] = kvcache_n_tokens(kv);
+			r->tok[i] = status[i] ? 0 : t; /* a failed row still goes through the weights */
+		}
+		EvalSeqs s = { .kvs = kvs + done, .pos = r->pos, .n_seq = b, .status = status };
+		int e = eval_batch(m, r, &s, r->tok, b, NULL, logits + (size_t)done * c->n_vocab);
 		if (e)
 			return e;
 		done += b;

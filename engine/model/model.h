@@ -145,14 +145,18 @@ int model_eval(const Model *m, ModelRun *r, KvCache *kv, const int32_t *tokens, 
  * position kvs[i]->n_tokens, appended to kvs[i] (n distinct caches, of any
  * KvCacheOps). The weight matrices run once over the n tokens together
  * (batches of up to the run's max_batch); RoPE and attention are per
- * sequence. Writes logits (n, n_vocab): row i equals what model_eval() of
- * tokens[i] alone on kvs[i] gives, up to float rounding. Returns 0,
- * -EINVAL (n < 1, a cache given twice), -ENOMEM, MODEL_E_CONTEXT if any
- * cache is full or MODEL_E_TOKEN for an id outside the vocabulary; on
- * those input errors no cache is touched.
+ * sequence. Each sequence succeeds or fails on its own: ret_status (n,)
+ * gets 0 where tokens[i] went in and row i of logits (n, n_vocab) equals
+ * what model_eval() of tokens[i] alone on kvs[i] gives, up to float
+ * rounding; else MODEL_E_CONTEXT (kvs[i] is full), MODEL_E_TOKEN (an id
+ * outside the vocabulary) or its cache's -errno (-ENOMEM), with kvs[i]
+ * holding what it held before and row i unspecified. Returns 0 when the
+ * batch ran (read ret_status), -EINVAL (n < 1, a cache given twice, a
+ * cache of another backend: nothing touched) or the backend's error,
+ * which fails them all.
  */
 int model_eval_batch(const Model *m, ModelRun *r, KvCache *const *kvs, const int32_t *tokens, int n,
-		     float *logits);
+		     float *logits, int *ret_status);
 
 /*
  * How far logits got are from ref (n each), measured against the spread

@@ -53,8 +53,7 @@ static int gpu_attend(KvCache *gpu, int layer, int64_t pos0, int64_t n, const fl
 		      float *dout, float *got)
 {
 	char msg[256] = "";
-	kvcache_attend(gpu, NULL, layer, pos0, n, dq, dout);
-	int r = kvcache_take_error(gpu);
+	int r = kvcache_attend(gpu, NULL, layer, pos0, n, dq, dout);
 	if (r || cuda_sync(msg, sizeof(msg)) || cuda_download(got, dout, n * QROW * sizeof(float))) {
 		printf("  attend layer %d at %lld: error %d %s\n", layer, (long long)pos0, r, msg);
 		return -1;
@@ -275,20 +274,22 @@ static int check_refusals(void)
 	r = kvplan_from_text("tq3.5o", 1, N_KV_HEADS, DIM, &plan, &err);
 	if (!r)
 		r = cuda_kvcache_new(&cs, plan, SEED, &kv, &err);
-	int first = 0, second = 0;
+	int first = 0, append = -1;
 	if (!r) {
 		float *dq = cuda_alloc(QROW * sizeof(float)), *dout = cuda_alloc(QROW * sizeof(float));
-		kvcache_attend(kv, NULL, 0, 0, 1, dq, dout);
-		first = kvcache_take_error(kv);
-		second = kvcache_take_error(kv);
+		first = kvcache_attend(kv, NULL, 0, 0, 1, dq, dout);
+		float *x = rand_rows(1, QROW), *dx = upload(x, QROW * sizeof(float));
+		append = kvcache_append(kv, 0, 0, 1, dx, dx); /* the failed attend left nothing behind */
+		cuda_free(dx);
+		free(x);
 		cuda_free(dq);
 		cuda_free(dout);
 	}
 	if (r)
 		printf("  create: %d %s\n", r, err.msg);
-	r = r || first != -EINVAL || second != 0;
-	printf("%s attend before the first append: error %d, then %d\n", r ? "FAIL" : "ok  ", first,
-	       second);
+	r = r || first != -EINVAL || append != 0;
+	printf("%s attend before the first append: error %d, then append %d\n", r ? "FAIL" : "ok  ",
+	       first, append);
 	failed |= r != 0;
 	kvcache_free(kv);
 	kvplan_free(plan);
@@ -314,8 +315,8 @@ static int64_t oom_capacity(const KvPlan *plan, size_t limit)
  * that does not fit fails at creation with -ENOMEM, says how much it
  * needed and gives all its device memory back, whether its layers are
  * built at creation (f32) or reserved for their first append (an outlier
- * type); an attend that gets no scratch is kept for take_error() and
- * returned by the next append.
+ * type); an attend that gets no scratch returns -ENOMEM and leaves the
+ * cache usable once memory is back.
  */
 static int check_out_of_memory(size_t limit)
 {
@@ -350,7 +351,7 @@ static int check_out_of_memory(size_t limit)
 	float *x = rand_rows(32, QROW); /* 32 tokens of q, and of k and v (ROW <= QROW) */
 	float *dx = upload(x, 32 * QROW * sizeof(float)), *dout = cuda_alloc(32 * QROW * sizeof(float));
 	void *fill[64];
-	int n_fill = 0, append = 0, taken = -1, again = -1;
+	int n_fill = 0, failed_attend = 0, append = -1, again = -1;
 	int r = cuda_kvcache_new(&cs, NULL, 0, &kv, &err);
 	if (!r && !(r = kvcache_append(kv, 0, 0, 32, dx, dx)))
 		kvcache_set_n_tokens(kv, 32);
@@ -359,20 +360,17 @@ static int check_out_of_memory(size_t limit)
 			n_fill++;
 		else
 			size /= 2;
-	if (!r) {
-		kvcache_attend(kv, NULL, 0, 0, 32, dx, dout);
-		append = kvcache_append(kv, 0, 32, 1, dx, dx);
-		taken = kvcache_take_error(kv);
-	}
+	if (!r)
+		failed_attend = kvcache_attend(kv, NULL, 0, 0, 32, dx, dout);
 	while (n_fill > 0)
 		cuda_free(fill[--n_fill]);
 	if (!r) {
-		kvcache_attend(kv, NULL, 0, 0, 32, dx, dout);
-		again = kvcache_take_error(kv);
+		append = kvcache_append(kv, 0, 32, 1, dx, dx);
+		again = kvcache_attend(kv, NULL, 0, 0, 32, dx, dout);
 	}
-	bool ok = !r && append == -ENOMEM && taken == 0 && again == 0;
-	printf("%s attend without scratch: next append %d, then take_error %d; with memory again %d%s\n",
-	       ok ? "ok  " : "FAIL", append, taken, again, r ? " (setup failed)" : "");
+	bool ok = !r && failed_attend == -ENOMEM && append == 0 && again == 0;
+	printf("%s attend without scratch: %d; with memory again: append %d, attend %d%s\n",
+	       ok ? "ok  " : "FAIL", failed_attend, append, again, r ? " (setup failed)" : "");
 	failed |= !ok;
 	kvcache_free(kv);
 	cuda_free(dx);

@@ -696,14 +696,14 @@ static int capture_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, c
 	return kvcache_append(c->inner, layer, pos0, n_tok, k, v);
 }
 
-static void capture_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
-			   const float *q, float *out)
+static int capture_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+			  const float *q, float *out)
 {
 	Capture *c = (Capture *)kv;
 	size_t row = (size_t)kv->shape.n_heads * kv->shape.head_dim;
 	if (layer == c->layer && pos0 + n_tok <= c->n)
 		memcpy(c->q + pos0 * row, q, n_tok * row * sizeof(float));
-	kvcache_attend(c->inner, tp, layer, pos0, n_tok, q, out);
+	return kvcache_attend(c->inner, tp, layer, pos0, n_tok, q, out);
 }
 
 static size_t capture_bytes(const KvCache *kv)

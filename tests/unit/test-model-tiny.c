@@ -307,6 +307,50 @@ END_TEST
 static const int seq_len[N_SEQ] = { 1, 3, 4, 7, 9 };
 static const char *const batch_kv[] = { NULL /* f32 */, "tq4:q8_0+h", "tq3" };
 
+/* A cache whose attention runs out of memory (a host cache around inner, which it owns). */
+typedef struct Starved {
+	KvCache base;
+	KvCache *inner;
+} Starved;
+
+static int starved_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
+			  const float *v)
+{
+	Starved *s = (Starved *)kv;
+	s->inner->n_tokens = kv->n_tokens;
+	return kvcache_append(s->inner, layer, pos0, n_tok, k, v);
+}
+
+static int starved_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
+			  const float *q, float *out)
+{
+	return -ENOMEM;
+}
+
+static size_t starved_bytes(const KvCache *kv)
+{
+	return kvcache_bytes_per_token(((const Starved *)kv)->inner);
+}
+
+static void starved_free(KvCache *kv)
+{
+	kvcache_free(((Starved *)kv)->inner);
+	free(kv);
+}
+
+static const KvCacheOps starved_ops = {
+	.name = "starved", .append = starved_append, .attend = starved_attend,
+	.bytes_per_token = starved_bytes, .free = starved_free,
+};
+
+static KvCache *starved_new(KvCache *inner)
+{
+	Starved *s = calloc(1, sizeof(*s));
+	ck_assert(s);
+	*s = (Starved){ .base = { .ops = &starved_ops, .shape = inner->shape }, .inner = inner };
+	return &s->base;
+}
+
 static KvCache *batch_cache(const Model *m, const char *spec, int64_t cap)
 {
 	KvCacheShape shape = model_kv_shape(m, cap);
@@ -358,8 +402,10 @@ START_TEST(tiny_batch_matches_separate)
 			tok[i] = ref.tokens[seq_len[i] + step];
 			ck_assert_int_eq(model_eval(m, run, a[i], &tok[i], 1, la + (size_t)i * nv, NULL), 0);
 		}
-		ck_assert_int_eq(model_eval_batch(m, run3, b, tok, N_SEQ, lb), 0);
+		int status[N_SEQ];
+		ck_assert_int_eq(model_eval_batch(m, run3, b, tok, N_SEQ, lb, status), 0);
 		for (int i = 0; i < N_SEQ; i++) {
+			ck_assert_int_eq(status[i], 0);
 			ck_assert_int_eq(kvcache_n_tokens(b[i]), seq_len[i] + step + 1);
 			double d = max_diff(la + (size_t)i * nv, lb + (size_t)i * nv, nv) /
 				   max_abs(la + (size_t)i * nv, nv);
@@ -373,19 +419,44 @@ START_TEST(tiny_batch_matches_separate)
 	}
 	fprintf(stderr, "%s kv %s: batched vs separate %.2e\n", tc->name, spec ? spec : "f32", worst);
 
-	/* Input errors touch no cache: full, one cache twice, a bad token. */
+	/*
+	 * A sequence that cannot go in fails alone and touches nothing: a
+	 * full cache, a bad token; one cache twice or no sequence fails the
+	 * call.
+	 */
 	int32_t tok[2] = { ref.tokens[0], ref.tokens[1] };
-	KvCache *fresh = batch_cache(m, spec, 4);
+	int status[2] = { -1, -1 };
+	KvCache *fresh = batch_cache(m, spec, 4), *alone = batch_cache(m, spec, 4);
 	KvCache *two[2] = { fresh, fresh }, *pair[2] = { fresh, b[1] };
-	ck_assert_int_eq(model_eval_batch(m, run, b, tok, 1, lb), MODEL_E_CONTEXT);
-	ck_assert_int_eq(model_eval_batch(m, run, two, tok, 2, lb), -EINVAL);
+	ck_assert_int_eq(model_eval_batch(m, run, b, tok, 1, lb, status), 0);
+	ck_assert_int_eq(status[0], MODEL_E_CONTEXT);
+	ck_assert_int_eq(model_eval_batch(m, run, two, tok, 2, lb, status), -EINVAL);
 	tok[0] = nv;
-	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 1, lb), MODEL_E_TOKEN);
-	tok[0] = ref.tokens[0];
-	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 2, lb), MODEL_E_CONTEXT); /* b[1] is full */
+	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 1, lb, status), 0);
+	ck_assert_int_eq(status[0], MODEL_E_TOKEN);
 	ck_assert_int_eq(kvcache_n_tokens(fresh), 0);
-	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 0, lb), -EINVAL);
+	tok[0] = ref.tokens[0];
+	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 0, lb, status), -EINVAL);
+	/* b[1] is full: fresh goes on as if alone */
+	ck_assert_int_eq(model_eval_batch(m, run, pair, tok, 2, lb, status), 0);
+	ck_assert_int_eq(status[0], 0);
+	ck_assert_int_eq(status[1], MODEL_E_CONTEXT);
+	ck_assert_int_eq(kvcache_n_tokens(fresh), 1);
+	ck_assert_int_eq(kvcache_n_tokens(b[1]), b[1]->shape.capacity);
+	ck_assert_int_eq(model_eval(m, run, alone, tok, 1, la, NULL), 0);
+	ck_assert(max_diff(la, lb, nv) <= BATCH_TOL * max_abs(la, nv));
+	/* an attention that runs out of memory fails its own sequence only, and on its own the call */
+	KvCache *starved = starved_new(batch_cache(m, spec, 4)), *with[2] = { starved, fresh };
+	ck_assert_int_eq(model_eval_batch(m, run, with, tok, 2, lb, status), 0);
+	ck_assert_int_eq(status[0], -ENOMEM);
+	ck_assert_int_eq(status[1], 0);
+	ck_assert_int_eq(kvcache_n_tokens(starved), 0);
+	ck_assert_int_eq(kvcache_n_tokens(fresh), 2);
+	ck_assert_int_eq(model_eval(m, run, starved, tok, 1, la, NULL), -ENOMEM);
+	ck_assert_int_eq(kvcache_n_tokens(starved), 0);
 
+	kvcache_free(starved);
+	kvcache_free(alone);
 	kvcache_free(fresh);
 	for (int i = 0; i < N_SEQ; i++) {
 		kvcache_free(a[i]);
