@@ -266,7 +266,7 @@ static int manager_check_backend(Manager *m)
 	return 0;
 }
 
-/* The KV type: plain f32 uses the engine's f32 cache; everything else the compressed store. */
+/* The KV type's plan: f32 everywhere is the exact f32 cache, anything else the store (kvcache_new_host). */
 static int manager_setup_kv(Manager *m)
 {
 	const ModelConfig *mc = &m->model->cfg;
@@ -283,17 +283,13 @@ static int manager_setup_kv(Manager *m)
 		return r < 0 ? r : -EINVAL;
 	}
 	m->kv_bits_per_value = kvplan_bits_per_value(plan);
-	if (kvplan_is_uniform(plan) && plan->layers[0].k.format == KV_FORMAT_F32 &&
-	    plan->layers[0].v.format == KV_FORMAT_F32 && !plan->layers[0].k.hadamard &&
-	    !plan->layers[0].v.hadamard)
-		return 0;
 
 	/*
 	 * Try the plan once now, so a spec the store (or the GPU) cannot hold
 	 * fails at startup, not per request.
 	 */
 	KvCache *probe = NULL;
-	r = model_kvcache_new(m->model, plan, 0, KVSTORE_BLOCK_TOKENS, &probe, &err);
+	r = model_kvcache_new(m->model, plan, 0, KV_BLOCK_TOKENS, &probe, &err);
 	if (r != 0) {
 		log_error("--kv %s: %s", m->kv_spec, err.msg[0] ? err.msg : strerror(r < 0 ? -r : EINVAL));
 		return r < 0 ? r : -EINVAL;

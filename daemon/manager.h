@@ -55,7 +55,7 @@ typedef struct Manager {
 	ChatTemplate chat_template;
 	char *default_system;   /* the template's default system prompt, or NULL */
 	const char *kv_spec;    /* the spec in use: config's, or the built-in default for the device */
-	KvPlan *kv_plan;        /* NULL for plain f32 (model_kvcache_new) */
+	KvPlan *kv_plan;        /* the --kv spec for the model (model_kvcache_new) */
 	double kv_bits_per_value;
 	ThreadPool *threads;
 	ModelRun *run;          /* shared activation scratch, see above */

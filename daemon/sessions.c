@@ -161,15 +161,8 @@ static size_t state_mem_bytes(const SessionState *st)
 	size_t n = st->n_tokens * sizeof(int32_t);
 	for (size_t i = 0; i < st->n_messages; i++)
 		n += st->messages[i].len;
-	if (!st->kv)
-		return n;
-	if (strcmp(kvcache_device(st->kv), "cpu") != 0)
-		/* a device cache holds its whole capacity from creation: count what it holds */
-		n += (size_t)st->kv->shape.capacity * kvcache_bytes_per_token(st->kv);
-	else
-		n += kvstore_is(st->kv) ? kvstore_bytes_allocated(st->kv)
-					: (size_t)kvcache_n_tokens(st->kv) * kvcache_bytes_per_token(st->kv);
-	return n;
+	/* every byte the cache holds: blocks, scratch, format state, a GPU cache's device memory and host shadow */
+	return st->kv ? n + kvcache_memory_bytes(st->kv) : n;
 }
 
 static void session_set_state(Sessions *ss, Session *s, SessionState *st)

@@ -42,6 +42,7 @@
 
 #include "base/bitpack.h"
 #include "base/half.h"
+#include "kernels/kv_format.h"
 
 #ifdef __CUDACC__
 #define KVK_HD __host__ __device__
@@ -52,15 +53,6 @@
 #define KVK_MAX_DIM 256   /* head_dim the kernel-side codecs take */
 #define KVK_MAX_QJL_M 256 /* QJL rows */
 #define KVK_MAX_SCALE 65504.0 /* largest finite fp16: scales saturate there */
-
-/* The row formats (values of kvtype.h's KvFormat). */
-enum {
-	KVK_F32 = 0,
-	KVK_F16 = 1,
-	KVK_Q8_0 = 2,
-	KVK_Q4_0 = 3,
-	KVK_TQ = 4,
-};
 
 /* tq.h's TQ_FLAG_* bits. */
 enum {
@@ -440,13 +432,13 @@ static inline KVK_HD void kvk_tq_output_finish(const KvkCodec *c, const float *a
 static inline KVK_HD uint32_t kvk_plain_row_bytes(int format, int dim)
 {
 	switch (format) {
-	case KVK_F32:
+	case KV_FORMAT_F32:
 		return (uint32_t)dim * 4;
-	case KVK_F16:
+	case KV_FORMAT_F16:
 		return (uint32_t)dim * 2;
-	case KVK_Q8_0:
+	case KV_FORMAT_Q8_0:
 		return (uint32_t)dim / 32 * 34;
-	case KVK_Q4_0:
+	case KV_FORMAT_Q4_0:
 		return (uint32_t)dim / 32 * 18;
 	}
 	return 0;
@@ -478,18 +470,18 @@ static inline KVK_HD void kvk_plain_store(int format, bool hadamard, int dim, co
 	if (hadamard)
 		kvk_hadamard(t, dim);
 	switch (format) {
-	case KVK_F32:
+	case KV_FORMAT_F32:
 		for (int i = 0; i < dim; i++) {
 			uint32_t u = tkv_f32_to_bits(t[i]);
 			for (int k = 0; k < 4; k++)
 				out[4 * i + k] = (uint8_t)(u >> (8 * k));
 		}
 		return;
-	case KVK_F16:
+	case KV_FORMAT_F16:
 		for (int i = 0; i < dim; i++)
 			kvk_store_f16(out + 2 * i, t[i]);
 		return;
-	case KVK_Q8_0:
+	case KV_FORMAT_Q8_0:
 		for (int b = 0; b < dim / 32; b++) {
 			const float *xb = t + 32 * b;
 			uint8_t *ob = out + 34 * b;
@@ -510,7 +502,7 @@ static inline KVK_HD void kvk_plain_store(int format, bool hadamard, int dim, co
 			}
 		}
 		return;
-	case KVK_Q4_0:
+	case KV_FORMAT_Q4_0:
 		for (int b = 0; b < dim / 32; b++) {
 			const float *xb = t + 32 * b;
 			uint8_t *ob = out + 18 * b;
@@ -538,16 +530,16 @@ static inline KVK_HD void kvk_plain_store(int format, bool hadamard, int dim, co
 static inline KVK_HD float kvk_plain_value(int format, const uint8_t *row, int i)
 {
 	switch (format) {
-	case KVK_F32:
+	case KV_FORMAT_F32:
 		return tkv_bits_to_f32((uint32_t)row[4 * i] | (uint32_t)row[4 * i + 1] << 8 |
 				       (uint32_t)row[4 * i + 2] << 16 | (uint32_t)row[4 * i + 3] << 24);
-	case KVK_F16:
+	case KV_FORMAT_F16:
 		return kvk_load_f16(row + 2 * i);
-	case KVK_Q8_0: {
+	case KV_FORMAT_Q8_0: {
 		const uint8_t *b = row + 34 * (i / 32);
 		return kvk_load_f16(b) * (float)(int8_t)b[2 + i % 32];
 	}
-	case KVK_Q4_0: {
+	case KV_FORMAT_Q4_0: {
 		const uint8_t *b = row + 18 * (i / 32);
 		int j = i % 32;
 		int q = j < 16 ? (b[2 + j] & 0x0f) : (b[2 + j - 16] >> 4);

@@ -97,9 +97,10 @@ typedef struct BackendOps {
 
 	/* ---- KV caches in this backend's memory ---- */
 	/*
-	 * A cache for shape: f32 when plan is NULL, else plan's compressed
-	 * types with codec seeds from seed (kvstore.h). Returns 0, -ENOMEM,
-	 * or kvstore.h codes with err set.
+	 * A cache for shape: the exact f32 cache when plan is NULL or all
+	 * f32 (kvplan_is_f32), else plan's compressed types with codec seeds
+	 * from seed (kvstore.h). Returns 0, -ENOMEM, or kvstore.h codes with
+	 * err set.
 	 */
 	int (*kvcache_new)(Backend *b, const KvCacheShape *shape, const KvPlan *plan, uint64_t seed,
 			   KvCache **ret, Error *err);

@@ -121,13 +121,7 @@ static int cpu_add(Backend *b, float *x, const float *y, int64_t n)
 static int cpu_kvcache_new(Backend *b, const KvCacheShape *shape, const KvPlan *plan, uint64_t seed,
 			   KvCache **ret, Error *err)
 {
-	if (plan)
-		return kvcache_new_quant(shape, plan, seed, ret, err);
-	int r = kvcache_new_f32(shape, ret);
-	if (r < 0)
-		return error_set(err, r, "KV cache of %lld tokens: %s", (long long)shape->capacity,
-				 r == -ENOMEM ? "out of memory" : "bad shape");
-	return 0;
+	return kvcache_new_host(shape, plan, seed, ret, err);
 }
 
 static int cpu_kvcache_adopt(Backend *b, KvCache *host, KvCache **ret, Error *err)

@@ -12,6 +12,7 @@
 
 #include "engine/backend/kv_cuda_cache.h"
 #include "engine/backend/kv_cuda_host.h"
+#include "engine/kv/fmt_tq.h"
 #include "engine/kv/kvstore.h"
 
 typedef struct CudaKvCache {
@@ -75,25 +76,9 @@ static int check_types(const CudaKvCache *c, Error *err)
 	for (int l = 0; l < s->n_layers; l++) {
 		const KvLayerTypes *t = kvstore_layer_types(c->shadow, l);
 		for (int role = 0; role < 2; role++) {
-			const KvType *ty = role ? &t->v : &t->k;
-			const char *side = role ? "V" : "K";
-			if (ty->format == KV_FORMAT_TQ && ty->tq.qjl_m > KVK_MAX_QJL_M)
-				return error_set(err, -EINVAL,
-						 "layer %d: the %s type has %d QJL rows, the GPU takes "
-						 "at most %d", l, side, ty->tq.qjl_m, KVK_MAX_QJL_M);
-			if (ty->format == KV_FORMAT_PK) /* no kernels yet for kvpk.h's blocks */
-				return error_set(err, -EINVAL,
-						 "layer %d: pair-coded keys (pk) run on the CPU only for "
-						 "now; use a tq type on the GPU", l);
-			if (ty->centered) /* no kernels yet for kvstore.c's mu and exact block 0 */
-				return error_set(err, -EINVAL,
-						 "layer %d: centered keys (+c) run on the CPU only for "
-						 "now; drop the +c for the GPU", l);
-			if (ty->format != KV_FORMAT_TQ && ty->hadamard &&
-			    (s->head_dim & (s->head_dim - 1)))
-				return error_set(err, -EINVAL,
-						 "layer %d: the %s type's +h needs a power-of-two "
-						 "head_dim on the GPU, not %d", l, side, s->head_dim);
+			Error e = { 0 };
+			if (kvformat_supports(role ? &t->v : &t->k, (KvRole)role, s, KV_DEVICE_CUDA, &e))
+				return error_set(err, -EINVAL, "layer %d: %s", l, e.msg);
 		}
 	}
 	return 0;
@@ -110,8 +95,8 @@ static bool layer_ready(const CudaKvCache *c, int layer)
 	for (int h = 0; h < c->base.shape.n_kv_heads; h++) {
 		TqDesc d;
 		if ((t->k.format == KV_FORMAT_TQ &&
-		     kvstore_tq_desc(c->shadow, layer, h, KV_ROLE_K, &d)) ||
-		    (t->v.format == KV_FORMAT_TQ && kvstore_tq_desc(c->shadow, layer, h, KV_ROLE_V, &d)))
+		     kvtq_side_desc(c->shadow, layer, h, KV_ROLE_K, &d)) ||
+		    (t->v.format == KV_FORMAT_TQ && kvtq_side_desc(c->shadow, layer, h, KV_ROLE_V, &d)))
 			return false;
 	}
 	return true;
@@ -126,7 +111,7 @@ static int layer_build(CudaKvCache *c, int layer, Error *err)
 	if (c->f32) {
 		CudaKvShape sh = { .n_seqs = 1, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
 				   .dim = s->head_dim, .capacity = s->capacity };
-		CudaKvSide side = { .format = KVK_F32 };
+		CudaKvSide side = { .format = KV_FORMAT_F32 };
 		r = cuda_kv_new(&sh, &side, &side, &c->layers[layer], e.msg, sizeof(e.msg));
 	} else {
 		r = cuda_kv_new_like(c->shadow, layer, 1, s->capacity, &c->layers[layer], &e);
@@ -141,9 +126,9 @@ static int layer_build(CudaKvCache *c, int layer, Error *err)
 static size_t layer_bytes(const CudaKvCache *c, int layer)
 {
 	const KvCacheShape *s = &c->base.shape;
-	size_t block = c->f32 ? 2 * CUDA_KV_BLOCK * (size_t)s->head_dim * sizeof(float)
+	size_t block = c->f32 ? 2 * KV_BLOCK_TOKENS * (size_t)s->head_dim * sizeof(float)
 			      : kvstore_block_bytes(c->shadow, layer);
-	int64_t per_head = (s->capacity + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	int64_t per_head = (s->capacity + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	size_t blocks = (size_t)s->n_kv_heads * (size_t)per_head, bytes;
 	return size_mul_overflows(blocks, block, &bytes) ? SIZE_MAX : bytes;
 }
@@ -180,8 +165,8 @@ static int layers_init(CudaKvCache *c, Error *err)
 /*
  * The first append of a layer that waits for its outlier masks: the
  * shadow chooses them from the batch, as the CPU store's first append
- * would (kvstore_choose_outliers: only the masks, the rows are not
- * quantized on the CPU), then the layer is built and gets the rows.
+ * would (kvstore_fix: only the masks, the rows are not quantized on the
+ * CPU), then the layer is built and gets the rows.
  */
 static int layer_first_append(CudaKvCache *c, int layer, int64_t pos0, int64_t n_tok,
 			      const float *k, const float *v)
@@ -198,7 +183,7 @@ static int layer_first_append(CudaKvCache *c, int layer, int64_t pos0, int64_t n
 	    (r = cuda_download(hv, v, n * sizeof(float))))
 		return r;
 
-	if ((r = kvstore_choose_outliers(c->shadow, layer, n_tok, hk, hv)))
+	if ((r = kvstore_fix(c->shadow, layer, n_tok, hk, hv)))
 		return r;
 	assert(layer_ready(c, layer));
 
@@ -210,37 +195,6 @@ static int layer_first_append(CudaKvCache *c, int layer, int64_t pos0, int64_t n
 }
 
 /* ---- blocks between the device and the shadow ---- */
-
-/*
- * Between block b of (layer, head) as a CudaKv stores f32 (32 K rows, then
- * 32 V rows, of head_dim floats) and the shadow's position-major rows, for
- * the positions of the block below n_tokens; into a block, the other rows
- * are zeros.
- */
-static void f32_block_copy(CudaKvCache *c, int layer, int head, int64_t b, float *block,
-			   bool to_block)
-{
-	const KvCacheShape *s = &c->base.shape;
-	size_t d = (size_t)s->head_dim, row = (size_t)s->n_kv_heads * d;
-	float *k, *v;
-	int r = kvcache_f32_rows(c->shadow, layer, &k, &v);
-	assert(r == 0);
-	(void)r;
-	int64_t n = MIN(CUDA_KV_BLOCK, c->base.n_tokens - b * CUDA_KV_BLOCK);
-	if (to_block)
-		memset(block, 0, 2 * CUDA_KV_BLOCK * d * sizeof(float));
-	for (int64_t j = 0; j < n; j++) {
-		size_t off = (size_t)(b * CUDA_KV_BLOCK + j) * row + (size_t)head * d;
-		float *kb = block + (size_t)j * d, *vb = block + (size_t)(CUDA_KV_BLOCK + j) * d;
-		if (to_block) {
-			memcpy(kb, k + off, d * sizeof(float));
-			memcpy(vb, v + off, d * sizeof(float));
-		} else {
-			memcpy(k + off, kb, d * sizeof(float));
-			memcpy(v + off, vb, d * sizeof(float));
-		}
-	}
-}
 
 /*
  * Blocks move in runs of up to TRANSFER_BYTES: the blocks of a (sequence,
@@ -261,34 +215,25 @@ static int64_t run_blocks(size_t block_bytes, int64_t left)
 static int layer_upload(CudaKvCache *c, int layer, Error *err)
 {
 	const KvCacheShape *s = &c->base.shape;
-	int64_t n_blocks = (c->base.n_tokens + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	int64_t n_blocks = (c->base.n_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	if (!n_blocks)
 		return 0;
 	if (!c->layers[layer])
 		return error_set(err, -EINVAL,
 				 "layer %d holds tokens but its outlier masks are not chosen", layer);
+	const KvCacheFileOps *fo = kvcache_file(c->shadow);
 	size_t bb = cuda_kv_block_bytes(c->layers[layer]);
-	if (!c->f32 && bb != kvstore_block_bytes(c->shadow, layer))
+	if (bb != fo->block_bytes(c->shadow, layer))
 		return error_set(err, -EINVAL, "layer %d: GPU blocks of %zu bytes, host blocks of %zu",
-				 layer, bb, kvstore_block_bytes(c->shadow, layer));
+				 layer, bb, fo->block_bytes(c->shadow, layer));
 	_cleanup_(freep) uint8_t *buf = malloc(run_blocks(bb, n_blocks) * bb);
 	if (!buf)
 		return error_set(err, -ENOMEM, "out of memory");
 	for (int h = 0; h < s->n_kv_heads; h++)
 		for (int64_t b0 = 0; b0 < n_blocks;) {
 			int64_t n = run_blocks(bb, n_blocks - b0);
-			for (int64_t i = 0; i < n; i++) {
-				uint8_t *dst = buf + i * bb;
-				const void *src;
-				if (c->f32)
-					f32_block_copy(c, layer, h, b0 + i, (float *)dst, true);
-				else if ((src = kvstore_block(c->shadow, layer, h, b0 + i)))
-					memcpy(dst, src, bb);
-				else
-					return error_set(err, -EINVAL,
-							 "layer %d kv-head %d: block %lld missing", layer,
-							 h, (long long)(b0 + i));
-			}
+			for (int64_t i = 0; i < n; i++)
+				fo->block_save(c->shadow, layer, h, b0 + i, c->base.n_tokens, buf + i * bb);
 			int r = cuda_kv_blocks_write(c->layers[layer], 0, h, b0, n, buf, n * bb);
 			if (r)
 				return error_set(err, r, "layer %d: block upload failed", layer);
@@ -301,11 +246,12 @@ static int layer_upload(CudaKvCache *c, int layer, Error *err)
 static int layer_download(CudaKvCache *c, int layer)
 {
 	const KvCacheShape *s = &c->base.shape;
-	int64_t n_blocks = (c->base.n_tokens + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	int64_t n_blocks = (c->base.n_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	if (!n_blocks)
 		return 0;
 	if (!c->layers[layer])
 		return -EIO; /* tokens in every layer, yet this one was never appended to */
+	const KvCacheFileOps *fo = kvcache_file(c->shadow);
 	size_t bb = cuda_kv_block_bytes(c->layers[layer]);
 	_cleanup_(freep) uint8_t *buf = malloc(run_blocks(bb, n_blocks) * bb);
 	if (!buf)
@@ -314,13 +260,8 @@ static int layer_download(CudaKvCache *c, int layer)
 		for (int64_t b0 = 0; b0 < n_blocks;) {
 			int64_t n = run_blocks(bb, n_blocks - b0);
 			int r = cuda_kv_blocks_read(c->layers[layer], 0, h, b0, n, buf, n * bb);
-			for (int64_t i = 0; !r && i < n; i++) {
-				uint8_t *blk = buf + i * bb;
-				if (c->f32)
-					f32_block_copy(c, layer, h, b0 + i, (float *)blk, false);
-				else
-					r = kvstore_block_put(c->shadow, layer, h, b0 + i, blk, bb);
-			}
+			for (int64_t i = 0; !r && i < n; i++)
+				r = fo->block_load(c->shadow, layer, h, b0 + i, c->base.n_tokens, buf + i * bb);
 			if (r)
 				return r == -ENOMEM ? r : -EIO;
 			b0 += n;
@@ -362,6 +303,16 @@ static size_t cache_bytes_per_token(const KvCache *kv)
 	return kvcache_bytes_per_token(c->shadow);
 }
 
+/* Device memory (built layers, and the blocks reserved for the others) plus the host shadow. */
+static size_t cache_memory_bytes(const KvCache *kv)
+{
+	const CudaKvCache *c = (const CudaKvCache *)kv;
+	size_t n = sizeof(*c) + (size_t)kv->shape.n_layers * (sizeof(*c->layers) + sizeof(*c->reserved));
+	for (int l = 0; l < kv->shape.n_layers; l++)
+		n += c->layers[l] ? cuda_kv_memory_bytes(c->layers[l]) : c->reserved[l] ? layer_bytes(c, l) : 0;
+	return n + (c->shadow ? kvcache_memory_bytes(c->shadow) : 0);
+}
+
 static int cache_to_host(KvCache *kv, KvCache **ret)
 {
 	CudaKvCache *c = cache_of(kv);
@@ -399,6 +350,7 @@ static const KvCacheOps cuda_kvcache_ops = {
 	.append = cache_append,
 	.attend = cache_attend,
 	.bytes_per_token = cache_bytes_per_token,
+	.memory_bytes = cache_memory_bytes,
 	.to_host = cache_to_host,
 	.free = cache_free,
 };
@@ -431,10 +383,11 @@ int cuda_kvcache_new(const KvCacheShape *shape, const KvPlan *plan, uint64_t see
 	if (r)
 		return r;
 	_cleanup_(kvcache_freep) KvCache *kv = NULL;
-	if ((r = cache_alloc(shape, !plan, &kv, err)))
+	bool f32 = !plan || kvplan_is_f32(plan);
+	if ((r = cache_alloc(shape, f32, &kv, err)))
 		return r;
 	CudaKvCache *c = cache_of(kv);
-	if (plan && (r = kvcache_new_quant(shape, plan, seed, &c->shadow, err)))
+	if (!f32 && (r = kvcache_new_quant(shape, plan, seed, &c->shadow, err)))
 		return r;
 	if ((r = check_types(c, err)) || (r = layers_init(c, err)))
 		return r;

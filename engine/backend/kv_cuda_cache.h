@@ -11,7 +11,7 @@
  *     tq3.5o ...) chooses its channel mask from the rows of its layer's
  *     first append, on the CPU. A layer with such a side gets its CudaKv
  *     at that first append: the batch is downloaded, the shadow chooses
- *     the masks from it (kvstore_choose_outliers(), as its own first
+ *     the masks from it (kvstore_fix(), as its own first
  *     append would), the CudaKv is built from the shadow's codecs and the
  *     device rows are appended to it. Until then the layer's device
  *     memory is reserved (allocated and held), so running out of it shows

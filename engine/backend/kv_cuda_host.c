@@ -1,7 +1,7 @@
 /*
  * kv_cuda_host.c: a CudaKv shaped like one layer of a CPU cache, with the
  * same types and the very same TurboQuant codecs (seeds and outlier masks
- * from kvstore_tq_desc()), flattened by tq_codec_kernel().
+ * from kvtq_side_desc()), flattened by tq_codec_kernel().
  */
 #include <assert.h>
 #include <errno.h>
@@ -9,12 +9,8 @@
 
 #include "engine/backend/kv_cuda_host.h"
 #include "engine/codec/tq.h"
+#include "engine/kv/fmt_tq.h"
 #include "engine/kv/kvstore.h"
-
-static_assert((int)KV_FORMAT_F32 == KVK_F32 && (int)KV_FORMAT_F16 == KVK_F16 &&
-		      (int)KV_FORMAT_Q8_0 == KVK_Q8_0 && (int)KV_FORMAT_Q4_0 == KVK_Q4_0 &&
-		      (int)KV_FORMAT_TQ == KVK_TQ,
-	      "kv_kernel.h's formats are kvtype.h's");
 
 /* The flattened codecs of one side; blobs[h] owns codecs[h]'s blob. */
 typedef struct SideCodecs {
@@ -42,7 +38,7 @@ static int side_codecs_build(const KvCache *cpu, int layer, KvRole role, SideCod
 	s->n = n;
 	for (int h = 0; h < n; h++) {
 		TqDesc desc;
-		int r = kvstore_tq_desc(cpu, layer, h, role, &desc);
+		int r = kvtq_side_desc(cpu, layer, h, role, &desc);
 		if (r)
 			return error_set(err, r, "layer %d head %d %s: no TQ descriptor (an outlier "
 				"type needs its first append on the CPU)", layer, h, role ? "V" : "K");

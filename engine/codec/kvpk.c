@@ -1,6 +1,6 @@
 /*
  * kvpk.c: pair-coded keys (kvpk.h): per-block pair scales, the water-
- * filling allocation, encode, and the scalar reference read and score.
+ * filling allocation, encode, and the scalar reference read.
  */
 #include "engine/codec/kvpk.h"
 
@@ -12,7 +12,7 @@
 
 #include "engine/codec/codebook.h"
 
-#define BT KVPK_BLOCK
+#define BT KV_BLOCK_TOKENS
 /* A coordinate of a uniform point on the sphere in this many dimensions is normal to 1e-5. */
 #define KVPK_NORMAL_DIM 65536
 
@@ -39,18 +39,18 @@ static void normal_codebooks(void)
 	}
 }
 
-int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes)
+int kvpk_init(KvPk *pk, int dim, int code_bits)
 {
 	if (dim < 16 || dim > KVPK_MAX_DIM || dim % 4 || code_bits % 8 || code_bits < 8 ||
-	    code_bits > KVPK_MAX_BITS * dim ||
-	    row_bytes * BT < (size_t)BT * code_bits / 8 + (size_t)dim / 2 + (size_t)dim / 4)
+	    code_bits > KVPK_MAX_BITS * dim)
 		return -EINVAL;
 	pthread_once(&normal_once, normal_codebooks);
 	if (normal_error)
 		return normal_error;
-	*pk = (KvPk){ .dim = dim, .code_bits = code_bits, .row_bytes = row_bytes };
+	*pk = (KvPk){ .rows = { .dim = dim, .code_bits = code_bits },
+		      .row_bytes = kvpk_row_bytes(dim, code_bits) };
 	for (int b = 0; b <= KVPK_MAX_BITS; b++) {
-		pk->centroids[b] = normal_centroids[b];
+		pk->rows.centroids[b] = normal_centroids[b];
 		pk->bounds[b] = normal_bounds[b];
 		pk->mse[b] = normal_mse[b];
 	}
@@ -59,22 +59,7 @@ int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes)
 
 static size_t code_bytes(const KvPk *pk)
 {
-	return (size_t)pk->code_bits / 8;
-}
-
-static const uint8_t *side_data(const KvPk *pk, const uint8_t *blk)
-{
-	return blk + BT * code_bytes(pk);
-}
-
-static float scale_of(uint8_t s)
-{
-	return s ? exp2f((float)((int)s - 128) * 0.125f) : 0.0f;
-}
-
-static int bits_of(const uint8_t *nibbles, int pair)
-{
-	return (nibbles[pair / 2] >> (4 * (pair & 1))) & 0xf;
+	return (size_t)pk->rows.code_bits / 8;
 }
 
 static uint8_t quantize(const float *bounds, int bits, float t)
@@ -94,7 +79,7 @@ static float centered(const float *x, const float *mu, int d, int t, int j)
 void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *mu, const float *w,
 		       uint8_t *blk)
 {
-	const int d = pk->dim, P = d / 2;
+	const int d = pk->rows.dim, P = d / 2;
 	uint8_t *scales = blk + BT * code_bytes(pk), *nib = scales + P;
 	float sigma[KVPK_MAX_DIM / 2];
 	int bits[KVPK_MAX_DIM / 2];
@@ -110,11 +95,11 @@ void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *mu, c
 		double rms = n > 0 ? sqrt(e / (2.0 * n)) : 0.0;
 		long s = rms > 0 && isfinite(rms) ? lround(log2(rms) * 8.0) + 128 : 0;
 		scales[i] = rms > 0 ? (uint8_t)(s < 1 ? 1 : s > 255 ? 255 : s) : 0;
-		sigma[i] = scale_of(scales[i]);
+		sigma[i] = kvpk_scale_of(scales[i]);
 		bits[i] = 0;
 	}
 	/* reverse water filling, one bit at a time */
-	for (int u = 0; u < pk->code_bits / 2; u++) {
+	for (int u = 0; u < pk->rows.code_bits / 2; u++) {
 		int best = -1;
 		double gain = -1.0;
 		for (int i = 0; i < P; i++) {
@@ -148,95 +133,26 @@ void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *mu, c
 
 bool kvpk_block_coded(const KvPk *pk, const uint8_t *blk)
 {
-	const uint8_t *nib = side_data(pk, blk) + pk->dim / 2;
+	const uint8_t *nib = kvpk_scales(blk, pk->rows.code_bits) + pk->rows.dim / 2;
 	int sum = 0;
-	for (int i = 0; i < pk->dim / 2; i++) {
-		int b = bits_of(nib, i);
+	for (int i = 0; i < pk->rows.dim / 2; i++) {
+		int b = kvpk_width(nib, i);
 		if (b > KVPK_MAX_BITS)
 			return false;
 		sum += b;
 	}
-	return sum == pk->code_bits / 2;
+	return sum == pk->rows.code_bits / 2;
 }
 
 /* The block's per-coordinate scale and width, then row t's values. */
-static void block_prepare(const KvPk *pk, const uint8_t *blk, float *sigma, int *bits)
-{
-	const uint8_t *scales = side_data(pk, blk), *nib = scales + pk->dim / 2;
-	for (int i = 0; i < pk->dim / 2; i++) {
-		sigma[i] = scale_of(scales[i]);
-		bits[i] = bits_of(nib, i);
-	}
-}
-
-/* Code t of a column of b-bit codes. */
-static unsigned column_code(const uint8_t *col, int b, int t)
-{
-	unsigned at = (unsigned)t * (unsigned)b;
-	unsigned v = col[at / 8] >> (at % 8);
-	if (at % 8 + (unsigned)b > 8)
-		v |= (unsigned)col[at / 8 + 1] << (8 - at % 8);
-	return v & ((1u << b) - 1);
-}
-
 void kvpk_decode_row(const KvPk *pk, const uint8_t *blk, int t, float *y)
 {
-	float sigma[KVPK_MAX_DIM / 2];
-	int bits[KVPK_MAX_DIM / 2];
-	block_prepare(pk, blk, sigma, bits);
+	const uint8_t *scales = kvpk_scales(blk, pk->rows.code_bits), *nib = scales + pk->rows.dim / 2;
 	const uint8_t *col = blk;
-	for (int j = 0; j < pk->dim; j++) {
-		int b = bits[j / 2];
-		y[j] = b ? sigma[j / 2] * pk->centroids[b][column_code(col, b, t)] : 0.0f;
+	for (int j = 0; j < pk->rows.dim; j++) {
+		int b = kvpk_width(nib, j / 2);
+		y[j] = b ? kvpk_scale_of(scales[j / 2]) * pk->rows.centroids[b][kvpk_column_code(col, b, t)]
+			 : 0.0f;
 		col += (size_t)BT * b / 8;
 	}
-}
-
-/*
- * The 32 codes of a column of b-bit codes into idx, 8 at a time: 8 codes
- * are b bytes, one little-endian load (b <= 8; the side data behind the
- * codes keeps the 8-byte read inside the block).
- */
-static void column_unpack(const uint8_t *col, int b, uint8_t *idx)
-{
-	uint64_t mask = (1u << b) - 1;
-	for (int g = 0; g < BT / 8; g++) {
-		uint64_t v;
-		memcpy(&v, col + g * b, 8);
-		for (int k = 0; k < 8; k++)
-			idx[g * 8 + k] = (uint8_t)((v >> (k * b)) & mask);
-	}
-}
-
-void kvpk_scores(const KvPk *pk, const uint8_t *blk, const float *q, int G, int nj, float scale,
-		 float *scores, int stride)
-{
-	const int d = pk->dim;
-	float sigma[KVPK_MAX_DIM / 2], acc[KVPK_MAX_GROUP][BT], y[BT];
-	int bits[KVPK_MAX_DIM / 2];
-	uint8_t idx[BT];
-	assert(G <= KVPK_MAX_GROUP);
-	block_prepare(pk, blk, sigma, bits);
-	memset(acc, 0, sizeof(acc));
-	const uint8_t *col = blk;
-	/* column by column: each coordinate's 32 values once, then every query head */
-	for (int j = 0; j < d; j++) {
-		int b = bits[j / 2];
-		if (b == 0)
-			continue;
-		column_unpack(col, b, idx);
-		col += (size_t)BT * b / 8;
-		const float *c = pk->centroids[b];
-		float s = sigma[j / 2];
-		for (int t = 0; t < BT; t++)
-			y[t] = c[idx[t]] * s;
-		for (int g = 0; g < G; g++) {
-			float qj = q[(size_t)g * d + j];
-			for (int t = 0; t < BT; t++)
-				acc[g][t] += qj * y[t];
-		}
-	}
-	for (int g = 0; g < G; g++)
-		for (int t = 0; t < nj; t++)
-			scores[(size_t)g * stride + t] = acc[g][t] * scale;
 }

@@ -1,8 +1,8 @@
 /*
- * kvpk.h: pair-coded keys, the `pk<B>` key type (kvtype.h): one block of
- * KVPK_BLOCK (= KVSTORE_BLOCK_TOKENS) centered keys of one (layer,
- * kv-head) at a time, each RoPE pair (channels 2i, 2i+1) with its own
- * scale and bit width.
+ * kvpk.h: the codec of pair-coded keys, the `pk<B>` key type (kvtype.h):
+ * one block of KV_BLOCK_TOKENS centered keys of one (layer, kv-head) at a
+ * time, each RoPE pair (channels 2i, 2i+1) with its own scale and bit
+ * width. Scoring on the codes is a kernel (kernels/cpu/kv_attn.h).
  *
  * Why. Attention needs <q, k>, and its error for a key error e is
  * <q, e>: coordinates where queries are large count most. TurboQuant's
@@ -16,24 +16,9 @@
  *     position. So each block carries its own sigma_i, measured on its 32
  *     keys, and its allocation follows from (w, sigma) (stored too).
  *
- * == One block's key region (BT rows; kvtype_vec_bytes() per row) ==
- *
- *   BT * (pk_bits / 8)   codes, column by column: coordinate j's BT
- *                        codes of b = bits[j / 2] bits each (4 b bytes;
- *                        row t at bit t b, LSB first, bitpack.h's order),
- *                        after the columns of coordinates 0..j-1; a code
- *                        is the cell of x_j / sigma_{j/2} in the
- *                        Lloyd-Max codebook of a standard normal. Columns,
- *                        because every row of a column has the same width
- *                        and attention reads all 32 rows
- *   d / 2                scale bytes: s_i = round(8 log2 rms_i) + 128
- *                        clamped to 1..255, rms_i over the block's rows
- *                        and both channels of pair i; sigma_i =
- *                        2^((s_i - 128) / 8); s_i = 0 for a pair that
- *                        is all zero
- *   d / 4                bit widths, two per byte (low nibble first),
- *                        0..8, summing to pk_bits / 2
- *   rest                 zero
+ * The block layout is kernels/kv_pk_layout.h's (codes column by column,
+ * then a scale byte per pair, then the widths); this module chooses what
+ * goes in it.
  *
  * Allocation: starting from 0 bits everywhere, pk_bits / 2 times give
  * one more bit to the pair with the largest w_i sigma_i^2 (D(b) -
@@ -46,30 +31,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVPK_MAX_BITS 8
-#define KVPK_MAX_DIM 1024
-#define KVPK_MAX_GROUP 64 /* query heads per kv-head that kvpk_scores() takes */
-#define KVPK_BLOCK 32 /* rows per block: KVSTORE_BLOCK_TOKENS */
+#include "kernels/cpu/kv_attn.h"
+#include "kernels/kv_pk_layout.h"
 
 typedef struct KvPk {
-	int dim;
-	int code_bits;                        /* per row */
-	size_t row_bytes;                     /* kvtype_vec_bytes() */
-	const float *centroids[KVPK_MAX_BITS + 1]; /* [b]: 2^b, standard-normal units */
+	KvPkRows rows;                        /* dim, code_bits, centroids: the kernels' view */
+	size_t row_bytes;                     /* kvpk_row_bytes() */
 	const float *bounds[KVPK_MAX_BITS + 1];
 	double mse[KVPK_MAX_BITS + 1];        /* D(b) */
 } KvPk;
 
 /*
  * The codec for head_dim dim (16..KVPK_MAX_DIM, a multiple of 4) and
- * code_bits bits per row. 0 or -EINVAL / -ENOMEM.
+ * code_bits bits per row (a multiple of 8). 0 or -EINVAL / -ENOMEM.
  */
-int kvpk_init(KvPk *pk, int dim, int code_bits, size_t row_bytes);
+int kvpk_init(KvPk *pk, int dim, int code_bits);
 
 /*
  * Encode n keys x (n, dim) minus mu (dim,; NULL: x is centered already)
- * with query pair energies w (dim / 2,) into blk (BT * row_bytes); n <=
- * BT, rows past n are zero.
+ * with query pair energies w (dim / 2,) into blk (32 row_bytes); n <= 32,
+ * rows past n are zero.
  */
 void kvpk_encode_block(const KvPk *pk, const float *x, int n, const float *mu, const float *w,
 		       uint8_t *blk);
@@ -84,9 +65,3 @@ bool kvpk_block_coded(const KvPk *pk, const uint8_t *blk);
 /* Row t of blk read back into y (dim,). The scalar reference. */
 void kvpk_decode_row(const KvPk *pk, const uint8_t *blk, int t, float *y);
 
-/*
- * scores[g * stride + t] = <q_g, x~_t> * scale for the G query heads q (G,
- * dim; G <= KVPK_MAX_GROUP) and rows t < nj of blk.
- */
-void kvpk_scores(const KvPk *pk, const uint8_t *blk, const float *q, int G, int nj, float scale,
-		 float *scores, int stride);

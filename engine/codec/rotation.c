@@ -273,6 +273,12 @@ uint64_t rotation_seed(const Rotation *r)
 	return r->seed;
 }
 
+size_t rotation_bytes(const Rotation *r)
+{
+	size_t d = (size_t)r->dim;
+	return sizeof(*r) + (r->kind == ROTATION_HADAMARD ? 3 * d : 2 * d * d) * sizeof(float);
+}
+
 const float *rotation_matrix(const Rotation *r)
 {
 	return r->p;

@@ -69,6 +69,8 @@ RotationKind rotation_kind(const Rotation *r); /* never AUTO */
 int rotation_dim(const Rotation *r);
 int rotation_rounds(const Rotation *r);        /* Hadamard rounds; 0 for dense */
 uint64_t rotation_seed(const Rotation *r);
+/* Bytes r holds (its signs or its dense P and P^T): memory accounting. */
+size_t rotation_bytes(const Rotation *r);
 
 /*
  * The dense matrix P (d, d) row-major, y = P x; NULL for Hadamard. Lives

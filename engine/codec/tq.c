@@ -605,6 +605,22 @@ size_t tq_code_bytes(const TqCodec *c)
 	return c->layout.code_bytes;
 }
 
+size_t tq_codec_bytes(const TqCodec *c)
+{
+	size_t n = sizeof(*c);
+	for (int g = 0; g < c->n_groups; g++) {
+		if (c->groups[g].rot)
+			n += rotation_bytes(c->groups[g].rot);
+		if (c->groups[g].channels)
+			n += (size_t)c->groups[g].dim * sizeof(uint16_t);
+	}
+	if (c->s)
+		n += (size_t)c->desc.qjl_m * (size_t)c->desc.dim * sizeof(float);
+	if (c->s_rot)
+		n += rotation_bytes(c->s_rot);
+	return n;
+}
+
 double tq_bits_per_value(const TqCodec *c)
 {
 	return (double)c->layout.code_bytes * 8.0 / (double)c->desc.dim;

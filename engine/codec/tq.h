@@ -283,6 +283,9 @@ const TqLayout *tq_codec_layout(const TqCodec *c);
  */
 int tq_codec_check(const TqCodec *c, const void *bytes, size_t len, Error *err);
 
+/* Bytes the codec holds (rotations, QJL matrix, channel lists; codebooks are shared). */
+size_t tq_codec_bytes(const TqCodec *c);
+
 /* Bytes of one coded vector. */
 size_t tq_code_bytes(const TqCodec *c);
 

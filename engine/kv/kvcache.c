@@ -1,5 +1,6 @@
 /*
- * kvcache.c: the interface dispatch and the uncompressed f32 cache.
+ * kvcache.c: the interface dispatch, the uncompressed f32 cache and the
+ * recording tap.
  *
  * The f32 cache is the reference every other KV type is measured
  * against, so its attention is the plain definition: scores scaled by
@@ -13,6 +14,7 @@
 #include "engine/kv/kvcache.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_f32.h"
+#include "kernels/kv_format.h"
 
 typedef struct KvCacheF32 {
 	KvCache base;
@@ -108,6 +110,106 @@ static size_t f32_bytes_per_token(const KvCache *kv)
 	return 2 * (size_t)kv->shape.n_layers * f32_row(&kv->shape) * sizeof(float);
 }
 
+static size_t f32_memory_bytes(const KvCache *kv)
+{
+	const KvCacheF32 *c = (const KvCacheF32 *)kv;
+	return sizeof(*c) + (size_t)kv->shape.capacity * f32_bytes_per_token(kv) +
+	       c->n_scores * sizeof(float);
+}
+
+/* ---- session files: f32 rows in the store's block layout, no records ---- */
+
+#define F32_RECORD_TAG 0x20323346u /* "F32 " */
+#define BT KV_BLOCK_TOKENS
+
+static uint64_t f32_file_seed(const KvCache *kv)
+{
+	return 0;
+}
+
+static size_t f32_block_bytes(const KvCache *kv, int layer)
+{
+	return (size_t)BT * 2 * (size_t)kv->shape.head_dim * sizeof(float);
+}
+
+/* Between block index of (layer, head) (32 K rows, then 32 V rows) and the arrays, rows below n_kv. */
+static void f32_block_copy(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			   float *block, bool to_block)
+{
+	const KvCacheF32 *c = (const KvCacheF32 *)kv;
+	const KvCacheShape *s = &kv->shape;
+	size_t d = (size_t)s->head_dim, row = f32_row(s);
+	float *k = c->k + (size_t)layer * s->capacity * row, *v = c->v + (size_t)layer * s->capacity * row;
+	for (int t = 0; t < BT; t++) {
+		int64_t p = index * BT + t;
+		float *kb = block + (size_t)t * d, *vb = block + (size_t)(BT + t) * d;
+		size_t off = (size_t)p * row + (size_t)head * d;
+		if (p >= n_kv) {
+			if (to_block) {
+				memset(kb, 0, d * sizeof(float));
+				memset(vb, 0, d * sizeof(float));
+			}
+			continue;
+		}
+		if (to_block) {
+			memcpy(kb, k + off, d * sizeof(float));
+			memcpy(vb, v + off, d * sizeof(float));
+		} else {
+			memcpy(k + off, kb, d * sizeof(float));
+			memcpy(v + off, vb, d * sizeof(float));
+		}
+	}
+}
+
+static void f32_block_save(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			   uint8_t *out)
+{
+	f32_block_copy(kv, layer, head, index, n_kv, (float *)out, true);
+}
+
+static int f32_block_load(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			  const uint8_t *in)
+{
+	if (index < 0 || n_kv > kv->shape.capacity)
+		return -EINVAL;
+	f32_block_copy(kv, layer, head, index, n_kv, (float *)in, false);
+	return 0;
+}
+
+static uint32_t f32_record_tag(const KvCache *kv, int layer, int head, int role)
+{
+	return F32_RECORD_TAG;
+}
+
+static size_t f32_record_bytes(const KvCache *kv, int layer, int head, int role, int64_t n_kv)
+{
+	return 0;
+}
+
+static int f32_record_save(const KvCache *kv, int layer, int head, int role, int64_t n_kv,
+			   uint8_t *out, Error *err)
+{
+	return 0;
+}
+
+static int f32_record_load(KvCache *kv, int layer, int head, int role, int64_t n_kv,
+			   const uint8_t *in, Error *err)
+{
+	return 0;
+}
+
+static const KvCacheFileOps f32_file_ops = {
+	.kind = 0,
+	.seed = f32_file_seed,
+	.block_bytes = f32_block_bytes,
+	.block_save = f32_block_save,
+	.block_load = f32_block_load,
+	.record_tag = f32_record_tag,
+	.record_bytes = f32_record_bytes,
+	.record_save = f32_record_save,
+	.record_load = f32_record_load,
+};
+
 static void f32_free(KvCache *kv)
 {
 	KvCacheF32 *c = (KvCacheF32 *)kv;
@@ -122,6 +224,8 @@ static const KvCacheOps kvcache_f32_ops = {
 	.append = f32_append,
 	.attend = f32_attend,
 	.bytes_per_token = f32_bytes_per_token,
+	.memory_bytes = f32_memory_bytes,
+	.file = &f32_file_ops,
 	.free = f32_free,
 };
 
@@ -157,6 +261,12 @@ KvCache *kvcache_free(KvCache *kv)
 	return NULL;
 }
 
+void kvcache_observe(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *q)
+{
+	if (kv->ops->observe)
+		kv->ops->observe(kv, layer, pos0, n_tok, q);
+}
+
 int kvcache_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
 		   const float *v)
 {
@@ -187,6 +297,16 @@ void kvcache_set_n_tokens(KvCache *kv, int64_t n)
 size_t kvcache_bytes_per_token(const KvCache *kv)
 {
 	return kv->ops->bytes_per_token(kv);
+}
+
+size_t kvcache_memory_bytes(const KvCache *kv)
+{
+	return kv->ops->memory_bytes(kv);
+}
+
+const KvCacheFileOps *kvcache_file(const KvCache *kv)
+{
+	return kv->ops->file;
 }
 
 const char *kvcache_device(const KvCache *kv)
@@ -227,6 +347,13 @@ typedef struct KvCacheTapped {
 	KvCacheTap tap;
 } KvCacheTapped;
 
+static void tap_observe(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *q)
+{
+	KvCacheTapped *c = (KvCacheTapped *)kv;
+	c->inner->n_tokens = kv->n_tokens;
+	kvcache_observe(c->inner, layer, pos0, n_tok, q);
+}
+
 static int tap_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
 		      const float *v)
 {
@@ -254,6 +381,12 @@ static size_t tap_bytes_per_token(const KvCache *kv)
 	return kvcache_bytes_per_token(((const KvCacheTapped *)kv)->inner);
 }
 
+/* The tap's own: inner is borrowed and counted by its owner. */
+static size_t tap_memory_bytes(const KvCache *kv)
+{
+	return sizeof(KvCacheTapped);
+}
+
 static void tap_free(KvCache *kv)
 {
 	free(kv);
@@ -261,9 +394,11 @@ static void tap_free(KvCache *kv)
 
 static const KvCacheOps kvcache_tap_ops = {
 	.name = "tap",
+	.observe = tap_observe,
 	.append = tap_append,
 	.attend = tap_attend,
 	.bytes_per_token = tap_bytes_per_token,
+	.memory_bytes = tap_memory_bytes,
 	.free = tap_free,
 };
 

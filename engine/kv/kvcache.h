@@ -11,6 +11,10 @@
  * are (n_heads, head_dim); query head h reads kv-head h / (n_heads /
  * n_kv_heads) (grouped-query attention). Attention is causal: query t of
  * a batch starting at position pos0 sees positions 0 .. pos0 + t.
+ *
+ * Per layer of a batch the model calls observe() (the batch's queries),
+ * append() (its keys and values), then attend(). What a cache stores
+ * depends on those rows only: attention reads, it never writes.
  */
 #pragma once
 
@@ -22,8 +26,10 @@
 #include "kernels/cpu/threadpool.h"
 
 enum {
-	KVCACHE_E_FULL = 1, /* appending would exceed the capacity */
-	KVCACHE_E_POSITION, /* append not at the end of the cache */
+	KVCACHE_E_FULL = 1,   /* appending would exceed the capacity */
+	KVCACHE_E_POSITION,   /* append not at the end of the cache */
+	KVCACHE_E_OTHER_TYPE, /* a saved record of another KV type (recompute; nothing is damaged) */
+	KVCACHE_E_CORRUPT,    /* a saved record or block that cannot be what was saved */
 };
 
 typedef struct KvCacheShape {
@@ -36,6 +42,37 @@ typedef struct KvCacheShape {
 
 typedef struct KvCache KvCache;
 
+/*
+ * What a session file (engine/session/session.h) needs of a host cache.
+ * The file's container knows lengths, tags and checksums, never what a
+ * record means: the cache (and in the compressed store, each KV format)
+ * documents and writes its own bytes. role is 0 for keys, 1 for values.
+ */
+typedef struct KvCacheFileOps {
+	uint32_t kind; /* the KV section's kind: 0 the f32 cache, 1 the compressed store */
+	uint64_t (*seed)(const KvCache *kv);
+	/* Bytes of one block (32 positions of one kv-head, K rows then V rows) of layer. */
+	size_t (*block_bytes)(const KvCache *kv, int layer);
+	/* Block index of (layer, head) as a file of n_kv tokens holds it, into out. */
+	void (*block_save)(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			   uint8_t *out);
+	/* The same back (block_bytes() bytes at in). 0, -ENOMEM or -EINVAL. */
+	int (*block_load)(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			  const uint8_t *in);
+	/* The tag and size of the record of (layer, head, role) for n_kv tokens. */
+	uint32_t (*record_tag)(const KvCache *kv, int layer, int head, int role);
+	size_t (*record_bytes)(const KvCache *kv, int layer, int head, int role, int64_t n_kv);
+	/* The record into out. 0 or -EINVAL (a state a file cannot hold), err set. */
+	int (*record_save)(const KvCache *kv, int layer, int head, int role, int64_t n_kv,
+			   uint8_t *out, Error *err);
+	/*
+	 * The record back, after every block of positions 0 .. n_kv - 1 is in.
+	 * 0, KVCACHE_E_OTHER_TYPE, KVCACHE_E_CORRUPT or -ENOMEM, err set.
+	 */
+	int (*record_load)(KvCache *kv, int layer, int head, int role, int64_t n_kv,
+			   const uint8_t *in, Error *err);
+} KvCacheFileOps;
+
 typedef struct KvCacheOps {
 	const char *name;
 	/*
@@ -43,6 +80,13 @@ typedef struct KvCacheOps {
 	 * names); NULL: host memory, the CPU backend.
 	 */
 	const char *device;
+	/*
+	 * Optional: the queries q (n_tok, n_heads * head_dim) of the n_tok
+	 * tokens at pos0.. of layer, before their keys are appended: what a
+	 * cache learns from queries (pair-coded keys' query energies) it
+	 * learns here. Cannot fail.
+	 */
+	void (*observe)(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *q);
 	/* Store n_tok tokens at positions pos0.. of layer: k, v (n_tok, n_kv_heads * head_dim). */
 	int (*append)(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
 		      const float *v);
@@ -55,6 +99,13 @@ typedef struct KvCacheOps {
 		      const float *q, float *out);
 	/* Bytes stored per token, all layers, K and V. */
 	size_t (*bytes_per_token)(const KvCache *kv);
+	/*
+	 * Every byte the cache holds now: rows, scratch, format state, and
+	 * for a device cache its device memory and host shadow.
+	 */
+	size_t (*memory_bytes)(const KvCache *kv);
+	/* Host caches that session files can hold; NULL otherwise. */
+	const KvCacheFileOps *file;
 	/*
 	 * Device caches only (NULL for host ones): a host cache (f32 or
 	 * kvstore) with the same contents and n_tokens, for session files.
@@ -76,6 +127,8 @@ int kvcache_new_f32(const KvCacheShape *shape, KvCache **ret);
 KvCache *kvcache_free(KvCache *kv);
 DEFINE_FREEP(KvCache, kvcache_free)
 
+/* KvCacheOps.observe, if the cache has it. */
+void kvcache_observe(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *q);
 int kvcache_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, const float *k,
 		   const float *v);
 /* KvCacheOps.attend: 0 or a negative errno (the request fails, not the process). */
@@ -87,6 +140,12 @@ int64_t kvcache_n_tokens(const KvCache *kv);
 void kvcache_set_n_tokens(KvCache *kv, int64_t n);
 
 size_t kvcache_bytes_per_token(const KvCache *kv);
+
+/* KvCacheOps.memory_bytes: every byte kv holds. */
+size_t kvcache_memory_bytes(const KvCache *kv);
+
+/* kv's session-file operations, NULL for a cache files cannot hold (a device cache: kvcache_host()). */
+const KvCacheFileOps *kvcache_file(const KvCache *kv);
 
 
 /* The backend name of kv's memory: "cpu" for host caches. */

@@ -11,60 +11,39 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kernels/wtype.h"
+#include "engine/kv/kvformat.h"
 
 #define KVTYPE_MAX_DIM TQ_MAX_DIM
 #define KVSPEC_MAX_KV_HEADS 4096
 
-typedef struct BaseName {
-	const char *name;
-	KvFormat format;
-} BaseName;
+/* ---- types: each format parses, names and sizes its own (kvformat.h) ---- */
 
-static const BaseName base_names[] = {
-	{ "f32", KV_FORMAT_F32 },
-	{ "f16", KV_FORMAT_F16 },
-	{ "q8_0", KV_FORMAT_Q8_0 },
-	{ "q4_0", KV_FORMAT_Q4_0 },
-};
-
-static bool is_pow2(int n)
+/* The type without the "+c" suffix: the first format that knows the name. */
+static int base_type_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
 {
-	return n > 0 && (n & (n - 1)) == 0;
+	if (dim < 1 || dim > KVTYPE_MAX_DIM)
+		return error_set(err, KVTYPE_E_DIM, "KV type '%s': head_dim %d not in [1, %d]",
+				 name, dim, KVTYPE_MAX_DIM);
+	if (name[0] == '\0')
+		return error_set(err, KVTYPE_E_UNKNOWN, "empty KV type name");
+	for (size_t i = 0; kvformat_at(i); i++) {
+		int r = kvformat_at(i)->parse(name, role, dim, ret, err);
+		if (r != -ENOENT)
+			return r;
+	}
+	return error_set(err, KVTYPE_E_UNKNOWN,
+			 "unknown KV type '%s' (known: f32, f16, q8_0, q4_0, each with "
+			 "optional +h, and tq<B>[.5][+qjl][_nc], B 1..8; keys may add +c, "
+			 "or be pk<B>)",
+			 name);
 }
-
-/* ---- types ---- */
-
-static int tq_type_from_name(const char *name, KvRole role, int dim, KvType *t, Error *err)
-{
-	Error tq_err = { 0 };
-	TqDesc desc;
-
-	/* Syntax first, at the largest dim, so a dim problem is told apart. */
-	if (tq_desc_from_name(name, TQ_MAX_DIM, &desc, &tq_err) != 0)
-		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%s': %s", name,
-				 tq_err.msg);
-	if ((desc.flags & TQ_FLAG_QJL) && role == KV_ROLE_V)
-		return error_set(err, KVTYPE_E_ROLE,
-				 "V type '%s': +qjl is for keys only (values are averaged, "
-				 "not ranked); use an MSE type such as tq%d for values",
-				 name, desc.bits + 1);
-	if (dim > TQ_MAX_DIM || tq_desc_from_name(name, dim, &desc, &tq_err) != 0)
-		return error_set(err, KVTYPE_E_DIM, "KV type '%s' at head_dim %d: %s", name, dim,
-				 dim > TQ_MAX_DIM ? "head_dim too large" : tq_err.msg);
-	*t = (KvType){ .format = KV_FORMAT_TQ, .hadamard = false, .dim = dim, .tq = desc };
-	return 0;
-}
-
-/* The type without the "+c" suffix: every format but +c itself. */
-static int plain_type_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err);
 
 int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
 {
 	assert(name);
 	size_t n = strlen(name);
 	if (n < 2 || strcmp(name + n - 2, "+c") != 0)
-		return plain_type_from_name(name, role, dim, ret, err);
+		return base_type_from_name(name, role, dim, ret, err);
 
 	char base[KVTYPE_NAME_MAX];
 	if (n - 2 >= sizeof(base))
@@ -79,79 +58,14 @@ int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error 
 				 "not compared with each other, use '%s'",
 				 name, base);
 	KvType t;
-	int r = plain_type_from_name(base, role, dim, &t, err);
+	int r = base_type_from_name(base, role, dim, &t, err);
 	if (r)
 		return r;
-	if (t.format == KV_FORMAT_PK)
+	if (t.centered)
 		return error_set(err, KVTYPE_E_UNKNOWN,
-				 "unknown KV type '%s': pk keys are always centered, write '%s'", name,
-				 base);
+				 "unknown KV type '%s': %s keys are always centered, write '%s'", name,
+				 kvformat_of(&t)->name, base);
 	t.centered = true;
-	*ret = t;
-	return 0;
-}
-
-static int plain_type_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
-{
-	KvType t;
-
-	if (dim < 1 || dim > KVTYPE_MAX_DIM)
-		return error_set(err, KVTYPE_E_DIM, "KV type '%s': head_dim %d not in [1, %d]",
-				 name, dim, KVTYPE_MAX_DIM);
-	if (name[0] == '\0')
-		return error_set(err, KVTYPE_E_UNKNOWN, "empty KV type name");
-	if (strncmp(name, "pk", 2) == 0) {
-		/* pk<B>: B code bits per coordinate, B d a whole number of bytes */
-		char *end = NULL;
-		size_t digits = strspn(name + 2, "0123456789.");
-		double b = strtod(name + 2, &end);
-		if (!end || *end != '\0' || name[2 + digits] != '\0' || !(b >= 1.0 && b <= 8.0) ||
-		    !isdigit((unsigned char)name[2]))
-			return error_set(err, KVTYPE_E_UNKNOWN,
-					 "unknown KV type '%s' (pk<B>, B in [1, 8])", name);
-		if (role == KV_ROLE_V)
-			return error_set(err, KVTYPE_E_ROLE, "V type '%s': pk is for keys only", name);
-		double bits = b * dim;
-		if (dim % 4 != 0 || bits != (double)(long)bits || (long)bits % 8 != 0)
-			return error_set(err, KVTYPE_E_DIM,
-					 "KV type '%s' at head_dim %d: B * head_dim must be a "
-					 "multiple of 8", name, dim);
-		*ret = (KvType){ .format = KV_FORMAT_PK, .centered = true, .dim = dim,
-				 .pk_bits = (int)bits };
-		return 0;
-	}
-	if (strncmp(name, "tq", 2) == 0) {
-		int r = tq_type_from_name(name, role, dim, &t, err);
-		if (r)
-			return r;
-		*ret = t;
-		return 0;
-	}
-
-	const BaseName *base = NULL;
-	const char *suffix = NULL;
-	for (size_t i = 0; i < ARRAY_SIZE(base_names); i++) {
-		size_t n = strlen(base_names[i].name);
-		if (strncmp(name, base_names[i].name, n) == 0) {
-			base = &base_names[i];
-			suffix = name + n;
-			break;
-		}
-	}
-	if (!base || (suffix[0] != '\0' && strcmp(suffix, "+h") != 0))
-		return error_set(err, KVTYPE_E_UNKNOWN,
-				 "unknown KV type '%s' (known: f32, f16, q8_0, q4_0, each with "
-				 "optional +h, and tq<B>[.5][+qjl][_nc], B 1..8; keys may add +c, "
-				 "or be pk<B>)",
-				 name);
-	t = (KvType){ .format = base->format, .hadamard = suffix[0] != '\0', .dim = dim };
-	if ((t.format == KV_FORMAT_Q8_0 || t.format == KV_FORMAT_Q4_0) && dim % QK8_0 != 0)
-		return error_set(err, KVTYPE_E_DIM,
-				 "KV type '%s': head_dim %d is not a multiple of the block size 32",
-				 name, dim);
-	if (t.hadamard && !is_pow2(dim))
-		return error_set(err, KVTYPE_E_DIM,
-				 "KV type '%s': +h needs a power-of-two head_dim, got %d", name, dim);
 	*ret = t;
 	return 0;
 }
@@ -160,22 +74,13 @@ void kvtype_name(const KvType *t, char *buf, size_t size)
 {
 	if (size == 0)
 		return;
-	const char *c = t->centered ? "+c" : "";
-	if (t->format == KV_FORMAT_PK) {
-		snprintf(buf, size, "pk%g", (double)t->pk_bits / t->dim);
-		return;
-	}
-	if (t->format == KV_FORMAT_TQ) {
-		char tq[KVTYPE_NAME_MAX];
-		tq_desc_name(&t->tq, tq, sizeof(tq));
-		snprintf(buf, size, "%s%s", tq, c);
-		return;
-	}
-	const char *base = "?";
-	for (size_t i = 0; i < ARRAY_SIZE(base_names); i++)
-		if (base_names[i].format == t->format)
-			base = base_names[i].name;
-	snprintf(buf, size, "%s%s%s", base, t->hadamard ? "+h" : "", c);
+	char base[KVTYPE_NAME_MAX];
+	KvType b = *t;
+	bool plus_c = t->centered && !kvformat_of(t)->centers;
+	if (plus_c)
+		b.centered = false;
+	kvformat_of(&b)->type_name(&b, base, sizeof(base));
+	snprintf(buf, size, "%s%s", base, plus_c ? "+c" : "");
 }
 
 bool kvtype_equal(const KvType *a, const KvType *b)
@@ -183,43 +88,12 @@ bool kvtype_equal(const KvType *a, const KvType *b)
 	if (a->format != b->format || a->hadamard != b->hadamard || a->centered != b->centered ||
 	    a->dim != b->dim)
 		return false;
-	if (a->format == KV_FORMAT_PK)
-		return a->pk_bits == b->pk_bits;
-	return a->format != KV_FORMAT_TQ || tq_desc_equal(&a->tq, &b->tq);
-}
-
-/* tq.h's coded-vector layout, summed field by field. */
-static size_t tq_vec_bytes(const TqDesc *d)
-{
-	bool qjl = d->flags & TQ_FLAG_QJL;
-	size_t n = d->group == TQ_GROUP_OUTLIER_CHANNELS ? 4 : 2; /* fp16 scales */
-	n += qjl ? 2 : 0;                                         /* fp16 gamma */
-	n += bitpack_bytes(d->bits + 1, (size_t)d->n_hi);
-	n += bitpack_bytes(d->bits, (size_t)(d->dim - d->n_hi));
-	n += qjl ? bitpack_bytes(1, (size_t)d->qjl_m) : 0;        /* sign bits */
-	return n;
+	return kvformat_of(a)->type_equal(a, b);
 }
 
 size_t kvtype_vec_bytes(const KvType *t)
 {
-	size_t d = (size_t)t->dim;
-
-	switch (t->format) {
-	case KV_FORMAT_F32:
-		return 4 * d;
-	case KV_FORMAT_F16:
-		return 2 * d;
-	case KV_FORMAT_Q8_0:
-		return d / QK8_0 * sizeof(BlockQ8_0);
-	case KV_FORMAT_Q4_0:
-		return d / QK4_0 * sizeof(BlockQ4_0);
-	case KV_FORMAT_TQ:
-		return tq_vec_bytes(&t->tq);
-	case KV_FORMAT_PK:
-		return (size_t)t->pk_bits / 8 + KV_PK_SIDE_BYTES(d);
-	}
-	assert(!"unknown KvFormat");
-	return 0;
+	return kvformat_of(t)->vec_bytes(t);
 }
 
 double kvtype_bits_per_value(const KvType *t)
@@ -525,5 +399,16 @@ bool kvplan_is_uniform(const KvPlan *plan)
 		if (!kvtype_equal(&plan->layers[l].k, &plan->layers[0].k) ||
 		    !kvtype_equal(&plan->layers[l].v, &plan->layers[0].v))
 			return false;
+	return true;
+}
+
+bool kvplan_is_f32(const KvPlan *plan)
+{
+	for (int l = 0; l < plan->n_layers; l++)
+		for (int role = 0; role < 2; role++) {
+			const KvType *t = role ? &plan->layers[l].v : &plan->layers[l].k;
+			if (t->format != KV_FORMAT_F32 || t->hadamard || t->centered)
+				return false;
+		}
 	return true;
 }

@@ -3,10 +3,12 @@
  * types of product.md (`--kv K[:V]`), per-layer overrides, and their exact
  * storage cost (turboquant.md section 6).
  *
- * Owns: type names (parse and print), the KvSpec grammar and its
- * resolution into a per-layer (K type, V type) table (KvPlan), bytes per
- * head vector and bits per value. Not here: the quantizers of the block
- * types (kvquant.h), the TurboQuant codec (tq.h), the KV store itself.
+ * Owns: the KvType value, the KvSpec grammar and its resolution into a
+ * per-layer (K type, V type) table (KvPlan), bits per value. Each type's
+ * name, equality and bytes per head vector come from its KV format
+ * (kvformat.h: fmt_plain.c, fmt_tq.c, fmt_centered.c, fmt_pk.c), which also
+ * stores and attends; this module asks the registry. Not here: the
+ * codecs (kvquant.h, tq.h, kvpk.h), the KV store (kvstore.h).
  *
  * == Types (one head vector x (d,) of one layer, kv-head and token) ==
  *
@@ -78,11 +80,11 @@
  * energy meet, which a rotation cannot (TurboQuant gives every
  * coordinate the same bits). Costs: the keys of a block wait in f32 until
  * the block is whole, and those of the last coded block stay too (at most
- * 63 per (layer, kv-head) between appends, plus a prompt chunk during
- * one); a query reads its own block exact, so scores do not depend on how
- * a prompt was split. A rewind past the last coded block reads that
- * block's earlier rows back from the codes (they are coded again once the
- * block is whole). No GPU kernels yet.
+ * 63 per (layer, kv-head) between batches, plus a prompt chunk); a query
+ * reads its own block exact, so scores do not depend on how a prompt was
+ * split. The query energies are shown to the cache before the keys
+ * (kvcache_observe()), never learnt in attention. fmt_pk.c has the rest
+ * (rewinds, the session record). No GPU kernels yet.
  *
  * == Spec grammar (`--kv SPEC`) ==
  *
@@ -113,6 +115,7 @@
 
 #include "base/util.h"
 #include "engine/codec/tq.h"
+#include "kernels/kv_format.h"
 
 #define KVTYPE_NAME_MAX 32    /* longest type name, with NUL */
 #define KVSPEC_MAX_RULES 32   /* the default pair plus overrides */
@@ -141,15 +144,6 @@ enum {
 #define KV_DEFAULT_SPEC "pk5:tq3.5_nc"
 #define KV_DEFAULT_SPEC_GPU "tq5_nc:tq3.5_nc"
 
-typedef enum KvFormat {
-	KV_FORMAT_F32 = 0,
-	KV_FORMAT_F16 = 1,
-	KV_FORMAT_Q8_0 = 2,
-	KV_FORMAT_Q4_0 = 3,
-	KV_FORMAT_TQ = 4,
-	KV_FORMAT_PK = 5,
-} KvFormat;
-
 typedef enum KvRole {
 	KV_ROLE_K = 0,
 	KV_ROLE_V = 1,
@@ -162,11 +156,8 @@ typedef struct KvType {
 	bool centered; /* +c (keys only): stored vectors are x - mu, position 0 kept exact */
 	int dim;       /* head_dim d */
 	TqDesc tq;     /* KV_FORMAT_TQ only (tq.c's default seeds) */
-	int pk_bits;   /* KV_FORMAT_PK only: code bits per head vector (B d) */
+	int code_bits; /* formats with a bit budget per head vector (pk: B d) */
 } KvType;
-
-/* pk keys: bytes of per-block side data (pair scales, pair bit widths) per row. */
-#define KV_PK_SIDE_BYTES(d) (((d) / 2 + (d) / 4 + 31) / 32)
 
 /* One layer of a resolved spec. */
 typedef struct KvLayerTypes {
@@ -272,3 +263,9 @@ double kvplan_bits_per_value(const KvPlan *plan);
 
 /* Whether every layer has the same K type and the same V type. */
 bool kvplan_is_uniform(const KvPlan *plan);
+
+/*
+ * Whether every layer keeps f32 keys and values without +h: such a plan
+ * is the exact f32 cache wherever a cache is made (kvcache_new_host()).
+ */
+bool kvplan_is_f32(const KvPlan *plan);

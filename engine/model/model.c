@@ -586,7 +586,8 @@ static int append_status(int e)
 }
 
 /*
- * Append the batch's K and V (after RoPE) to the caches and attend: each
+ * Show the caches the batch's queries, append its K and V (after RoPE)
+ * and attend: each
  * sequence's tokens against its own cache, at its own positions. With at
  * least as many sequences as threads, each host thread takes whole
  * sequences (one dispatch per layer instead of one per sequence);
@@ -600,9 +601,12 @@ static void layer_attend(ModelRun *r, const EvalSeqs *s, int il, int64_t n, int6
 	int nth = r->tp ? threadpool_n_threads(r->tp) : 1;
 	for (int64_t i = 0; i < s->n_seq; i++) {
 		int64_t t = i * per;
-		if (!s->status[i])
-			s->status[i] = append_status(kvcache_append(s->kvs[i], il, s->pos[i], per,
-								    r->k + t * kvdim, r->v + t * kvdim));
+		if (s->status[i])
+			continue;
+		/* the queries first: a cache learns from them only here, never in attend */
+		kvcache_observe(s->kvs[i], il, s->pos[i], per, r->q + t * qdim);
+		s->status[i] = append_status(kvcache_append(s->kvs[i], il, s->pos[i], per,
+							    r->k + t * kvdim, r->v + t * kvdim));
 	}
 	if (backend_is_host(r->b) && s->n_seq > 1 && s->n_seq >= nth) {
 		SeqAttendJob j = { .s = s, .layer = il, .qdim = qdim, .q = r->q, .att = r->att };

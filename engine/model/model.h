@@ -103,9 +103,10 @@ DEFINE_FREEP(Model, model_free)
 KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx);
 
 /*
- * A KV cache of n_ctx tokens in the model's backend memory: f32 when plan
- * is NULL, else plan's types with codec seeds from seed (kvstore.h). The
- * model only evaluates into caches of its own backend.
+ * A KV cache of n_ctx tokens in the model's backend memory: the exact f32
+ * cache when plan is NULL or all f32, else plan's types with codec seeds
+ * from seed (kvstore.h). The model only evaluates into caches of its own
+ * backend.
  */
 int model_kvcache_new(const Model *m, const KvPlan *plan, uint64_t seed, int64_t n_ctx, KvCache **ret,
 		      Error *err);

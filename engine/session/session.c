@@ -1,7 +1,8 @@
 /*
- * session.c: the session file of session.h: layout computation, the
- * streaming writer (with its checksums), the atomic save, and the
- * validating reader that restores a KvCache.
+ * session.c: the session file container of session.h: layout
+ * computation, the streaming writer (with its checksums), the atomic
+ * save, and the validating reader that restores a KvCache. What the KV
+ * records and blocks hold is the cache's business (KvCacheFileOps).
  */
 #include <assert.h>
 #include <errno.h>
@@ -14,11 +15,10 @@
 #include <unistd.h>
 
 #include "base/crc32c.h"
-#include "engine/codec/tq.h"
 #include "engine/kv/kvstore.h"
 #include "engine/session/session.h"
 
-#define BT KVSTORE_BLOCK_TOKENS
+#define BT KV_BLOCK_TOKENS
 #define WRITE_BUF_BYTES (256u << 10)
 
 const char *session_error_name(int code)
@@ -53,69 +53,10 @@ SessionState *session_state_free(SessionState *s)
 	return NULL;
 }
 
-/* ---- sizes of one layer (shared by writer and reader) ---- */
-
-static bool type_is_tq(const KvType *t)
+/* Bytes of one record entry of the KV section: tag, length, the record. */
+static uint64_t record_entry_bytes(size_t record)
 {
-	return t->format == KV_FORMAT_TQ;
-}
-
-/* Bytes of one centered-key record (session.h): state, reserved, mu, block 0's keys. */
-static size_t center_record_bytes(int head_dim)
-{
-	return 8 + (1 + (size_t)BT) * (size_t)head_dim * sizeof(float);
-}
-
-/* Exact keys a pk-key record holds for n_kv tokens: positions max(32, 32 (n_kv / 32 - 1)).. */
-static size_t pk_tail_rows(uint32_t n_kv)
-{
-	uint32_t whole = MAX(1u, n_kv / BT), from = MAX((uint32_t)BT, (whole - 1) * BT);
-	return n_kv > from ? n_kv - from : 0;
-}
-
-/* Floats of one pk-key record after its 8-byte head: weights, query energies (below 32 tokens), tail. */
-static size_t pk_record_floats(int head_dim, uint32_t n_kv)
-{
-	size_t d = (size_t)head_dim;
-	return d / 2 + (n_kv < BT ? BT * d / 2 : 0) + pk_tail_rows(n_kv) * d;
-}
-
-static size_t pk_record_bytes(int head_dim, uint32_t n_kv)
-{
-	return 8 + 4 * pk_record_floats(head_dim, n_kv);
-}
-
-static bool type_is_pk(const KvType *t)
-{
-	return t->format == KV_FORMAT_PK;
-}
-
-/* KV section bytes of one layer's entry for n_kv tokens: 4 + descriptor, centered-key and pk records. */
-static size_t kv_layer_entry_bytes(const KvLayerTypes *lt, int n_kv_heads, uint32_t n_kv)
-{
-	size_t per_head = (type_is_tq(&lt->k) + type_is_tq(&lt->v)) * (size_t)TQ_DESC_RECORD_BYTES;
-	if (lt->k.centered)
-		per_head += center_record_bytes(lt->k.dim);
-	if (type_is_pk(&lt->k))
-		per_head += pk_record_bytes(lt->k.dim, n_kv);
-	return 4 + per_head * (size_t)n_kv_heads;
-}
-
-/* The K flags byte of a layer entry: bit 0 +h, bit 1 +c. */
-static uint8_t k_flags(const KvType *k)
-{
-	return (uint8_t)(k->hadamard | k->centered << 1);
-}
-
-/* The version a file of these layers has: 3 with pk keys, 2 with centered keys, else 1. */
-static uint32_t file_version(bool centered, bool pk)
-{
-	return pk ? SESSION_VERSION_PK : centered ? SESSION_VERSION_CENTERED : SESSION_VERSION;
-}
-
-static size_t f32_block_bytes(int head_dim)
-{
-	return (size_t)BT * 2 * (size_t)head_dim * sizeof(float);
+	return 8 + (uint64_t)record;
 }
 
 /* ---- the writer ---- */
@@ -226,9 +167,8 @@ static void out_section_end(Out *o)
 
 /* Payload lengths of every section, checked against the caps. */
 typedef struct Layout {
-	bool f32;
-	bool centered;         /* a layer has +c keys: version 2 */
-	bool pk;               /* a layer has pk keys: version 3 */
+	const KvCacheFileOps *file; /* the cache's */
+	size_t max_record;     /* bytes of the largest record */
 	int n_layers, n_kv_heads, head_dim;
 	uint32_t n_kv, n_blocks;
 	uint64_t kv_len, tokens_len, messages_len;
@@ -254,10 +194,10 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 	const KvCacheShape *sh = &kv->shape;
 	int64_t n_kv = kvcache_n_tokens(kv);
 
-	*l = (Layout){ .f32 = !kvstore_is(kv), .n_layers = sh->n_layers, .n_kv_heads = sh->n_kv_heads,
+	*l = (Layout){ .file = kvcache_file(kv), .n_layers = sh->n_layers, .n_kv_heads = sh->n_kv_heads,
 		       .head_dim = sh->head_dim };
-	if (l->f32 && !kvcache_is_f32(kv))
-		return error_set(err, -EINVAL, "the cache is neither the f32 cache nor the compressed store");
+	if (!l->file)
+		return error_set(err, -EINVAL, "a %s cache cannot be saved", kv->ops->name);
 	if (s->n_tokens > SESSION_MAX_TOKENS || n_kv < 0 || (uint64_t)n_kv > s->n_tokens)
 		return error_set(err, -EINVAL, "%zu tokens, %lld in the cache: beyond the format", s->n_tokens,
 				 (long long)n_kv);
@@ -272,14 +212,19 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 
 	l->kv_len = 16 + spec_len;
 	for (int i = 0; i < sh->n_layers; i++) {
-		KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32 }, .v = { .format = KV_FORMAT_F32 } };
-		const KvLayerTypes *lt = l->f32 ? &f32 : kvstore_layer_types(kv, i);
-		l->kv_len += kv_layer_entry_bytes(lt, sh->n_kv_heads, (uint32_t)n_kv);
-		l->centered |= lt->k.centered;
-		l->pk |= type_is_pk(&lt->k);
-		l->block_bytes[i] = l->f32 ? f32_block_bytes(sh->head_dim) : kvstore_block_bytes(kv, i);
+		l->kv_len += 8; /* the layer's block bytes */
+		for (int h = 0; h < sh->n_kv_heads; h++)
+			for (int role = 0; role < 2; role++) {
+				size_t rec = l->file->record_bytes(kv, i, h, role, n_kv);
+				l->kv_len += record_entry_bytes(rec);
+				l->max_record = MAX(l->max_record, rec);
+			}
+		l->block_bytes[i] = l->file->block_bytes(kv, i);
 		l->layer_len[i] = 16 + (uint64_t)sh->n_kv_heads * l->n_blocks * l->block_bytes[i];
 	}
+	if (l->kv_len > SESSION_MAX_KV_SECTION)
+		return error_set(err, -EINVAL, "a KV section of %llu bytes: beyond the format",
+				 (unsigned long long)l->kv_len);
 	l->tokens_len = 4 * (uint64_t)s->n_tokens;
 	l->messages_len = 8;
 	uint64_t text = 0;
@@ -304,7 +249,7 @@ static void write_header(Out *o, const Layout *l, const SessionState *s, uint64_
 {
 	uint8_t h[SESSION_HEADER_BYTES] = { 0 };
 	memcpy(h, SESSION_MAGIC, 8);
-	put_le(h + 8, file_version(l->centered, l->pk), 4);
+	put_le(h + 8, SESSION_VERSION, 4);
 	put_le(h + 12, SESSION_HEADER_BYTES, 4);
 	put_le(h + 16, fingerprint, 8);
 	put_le(h + 24, (uint64_t)l->n_layers, 4);
@@ -322,70 +267,26 @@ static int write_kv_section(Out *o, const Layout *l, const SessionState *s, cons
 			    size_t spec_len, Error *err)
 {
 	const KvCache *kv = s->kv;
+	_cleanup_(freep) uint8_t *rec = malloc(l->max_record ? l->max_record : 1);
+	if (!rec)
+		return error_set(err, -ENOMEM, "out of memory");
 	out_section_begin(o, SESSION_SECTION_KV, l->kv_len);
-	out_u32(o, l->f32 ? 0 : 1);
+	out_u32(o, l->file->kind);
 	out_u32(o, (uint32_t)spec_len);
-	out_u64(o, l->f32 ? 0 : kvstore_seed(kv));
+	out_u64(o, l->file->seed(kv));
 	out_put(o, spec, spec_len);
 	for (int i = 0; i < l->n_layers; i++) {
-		if (l->f32) {
-			uint8_t t[4] = { KV_FORMAT_F32, 0, KV_FORMAT_F32, 0 };
-			out_put(o, t, 4);
-			continue;
-		}
-		const KvLayerTypes *lt = kvstore_layer_types(kv, i);
-		uint8_t t[4] = { (uint8_t)lt->k.format, k_flags(&lt->k), (uint8_t)lt->v.format, lt->v.hadamard };
-		out_put(o, t, 4);
-		for (int h = 0; h < l->n_kv_heads; h++) {
+		out_u64(o, l->block_bytes[i]);
+		for (int h = 0; h < l->n_kv_heads; h++)
 			for (int role = 0; role < 2; role++) {
-				if (!type_is_tq(role == 0 ? &lt->k : &lt->v))
-					continue;
-				TqDesc d;
-				uint8_t rec[TQ_DESC_RECORD_BYTES];
-				if (kvstore_tq_desc(kv, i, h, (KvRole)role, &d) != 0 || tq_desc_encode(&d, rec) != 0)
-					return error_set(err, -EINVAL,
-							 "layer %d head %d: no complete codec descriptor (nothing stored yet?)",
-							 i, h);
-				out_put(o, rec, sizeof(rec));
+				size_t n = l->file->record_bytes(kv, i, h, role, l->n_kv);
+				int r = l->file->record_save(kv, i, h, role, l->n_kv, rec, err);
+				if (r)
+					return r;
+				out_u32(o, l->file->record_tag(kv, i, h, role));
+				out_u32(o, (uint32_t)n);
+				out_put(o, rec, n);
 			}
-			if (lt->k.centered) {
-				size_t d = (size_t)l->head_dim, n = (1 + BT) * d;
-				_cleanup_(freep) float *cs = malloc_array(n, sizeof(float));
-				bool chosen;
-				if (!cs)
-					return error_set(err, -ENOMEM, "out of memory");
-				kvstore_key_center(kv, i, h, &chosen, cs, cs + d);
-				out_u32(o, chosen);
-				out_u32(o, 0);
-				for (size_t x = 0; x < n; x++) {
-					uint32_t bits;
-					memcpy(&bits, &cs[x], 4);
-					out_u32(o, bits);
-				}
-			}
-			if (type_is_pk(&lt->k)) {
-				/* kvstore_pk_state()'s arrays: w, qe, tail; the record: w, qe below 32 tokens, tail */
-				size_t d = (size_t)l->head_dim, P = d / 2;
-				_cleanup_(freep) float *f = malloc_array(P + BT * P + 2 * BT * d, sizeof(float));
-				bool chosen;
-				if (!f)
-					return error_set(err, -ENOMEM, "out of memory");
-				if (kvstore_pk_state(kv, i, h, l->n_kv, &chosen, f + P, f, f + P + BT * P) != 0)
-					return error_set(err, -EINVAL,
-							 "layer %d head %d: pk keys appended but not attended",
-							 i, h);
-				out_u32(o, chosen);
-				out_u32(o, 0);
-				const float *parts[3] = { f, f + P, f + P + BT * P };
-				size_t lens[3] = { P, l->n_kv < BT ? BT * P : 0, pk_tail_rows(l->n_kv) * d };
-				for (int part = 0; part < 3; part++)
-					for (size_t x = 0; x < lens[part]; x++) {
-						uint32_t bits;
-						memcpy(&bits, &parts[part][x], 4);
-						out_u32(o, bits);
-					}
-			}
-		}
 	}
 	out_section_end(o);
 	return 0;
@@ -413,51 +314,6 @@ static void write_messages_section(Out *o, const Layout *l, const SessionState *
 	out_section_end(o);
 }
 
-/* One block of an f32 cache in the kvstore layout (K rows, then V rows), zero past n_kv. */
-static void f32_block_fill(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv, float *out)
-{
-	const KvCacheShape *sh = &kv->shape;
-	size_t d = (size_t)sh->head_dim, row = (size_t)sh->n_kv_heads * d;
-	float *k, *v;
-	int r = kvcache_f32_rows(kv, layer, &k, &v);
-	assert(r == 0);
-	(void)r;
-	for (int t = 0; t < BT; t++) {
-		int64_t p = index * BT + t;
-		float *ko = out + (size_t)t * d, *vo = out + (size_t)(BT + t) * d;
-		if (p < n_kv) {
-			memcpy(ko, k + (size_t)p * row + (size_t)head * d, d * sizeof(float));
-			memcpy(vo, v + (size_t)p * row + (size_t)head * d, d * sizeof(float));
-		} else {
-			memset(ko, 0, d * sizeof(float));
-			memset(vo, 0, d * sizeof(float));
-		}
-	}
-}
-
-/* A kvstore block with the rows at positions >= n_kv zeroed (they are unspecified). */
-static void quant_block_fill(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
-			     uint8_t *out, size_t bytes)
-{
-	const uint8_t *b = kvstore_block(kv, layer, head, index);
-	const KvLayerTypes *lt = kvstore_layer_types(kv, layer);
-	size_t kb = kvtype_vec_bytes(&lt->k), vb = kvtype_vec_bytes(&lt->v);
-	if (!b) {
-		memset(out, 0, bytes);
-		return;
-	}
-	memcpy(out, b, bytes);
-	int64_t valid = n_kv - index * BT;
-	if (valid >= BT)
-		return;
-	if (type_is_pk(&lt->k)) /* not coded yet: its keys are in the KV section */
-		memset(out, 0, BT * kb);
-	for (int64_t t = MAX(valid, 0); t < BT; t++) {
-		memset(out + (size_t)t * kb, 0, kb);
-		memset(out + BT * kb + (size_t)t * vb, 0, vb);
-	}
-}
-
 static int write_layer_section(Out *o, const Layout *l, const SessionState *s, int layer, uint8_t *scratch)
 {
 	size_t bytes = l->block_bytes[layer];
@@ -467,10 +323,7 @@ static int write_layer_section(Out *o, const Layout *l, const SessionState *s, i
 	out_u64(o, bytes);
 	for (int h = 0; h < l->n_kv_heads; h++)
 		for (uint32_t b = 0; b < l->n_blocks; b++) {
-			if (l->f32)
-				f32_block_fill(s->kv, layer, h, b, l->n_kv, (float *)scratch);
-			else
-				quant_block_fill(s->kv, layer, h, b, l->n_kv, scratch, bytes);
+			l->file->block_save(s->kv, layer, h, b, l->n_kv, scratch);
 			out_put(o, scratch, bytes);
 		}
 	out_section_end(o);
@@ -570,7 +423,6 @@ typedef struct In {
 	const uint8_t *p;
 	size_t len;
 	size_t pos;
-	const uint8_t *kv_payload; /* the KV section's, once read_kv() checked it */
 } In;
 
 int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err)
@@ -581,9 +433,9 @@ int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err)
 	if (len < SESSION_HEADER_BYTES)
 		return error_set(err, SESSION_E_TRUNCATED, "%zu bytes: shorter than the header", len);
 	uint32_t version = (uint32_t)get_le(h + 8, 4);
-	if (version != SESSION_VERSION && version != SESSION_VERSION_CENTERED && version != SESSION_VERSION_PK)
+	if (version < SESSION_VERSION_FIRST || version > SESSION_VERSION)
 		return error_set(err, SESSION_E_VERSION, "version %u; this build reads versions %u to %u",
-				 version, SESSION_VERSION, SESSION_VERSION_PK);
+				 version, SESSION_VERSION_FIRST, SESSION_VERSION);
 	if ((uint32_t)get_le(h + 60, 4) != crc32c(h, 60))
 		return error_set(err, SESSION_E_HEADER, "header checksum mismatch");
 	SessionHeader r = {
@@ -645,184 +497,97 @@ static int in_section(In *in, uint32_t id, uint64_t expect_len, uint64_t max_len
 	return 0;
 }
 
-/* The planned types of layer i, or f32 for the plain cache. */
-static KvLayerTypes plan_layer(const SessionExpect *e, int i)
-{
-	if (e->plan)
-		return e->plan->layers[i];
-	KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32, .dim = e->shape.head_dim },
-			     .v = { .format = KV_FORMAT_F32, .dim = e->shape.head_dim } };
-	return f32;
-}
-
-/* One centered-key record of (layer, head) at *p into kv; *p moves past it. */
-static int read_center(const uint8_t **p, KvCache *kv, uint32_t n_kv, int layer, int head,
-		       Error *err)
-{
-	size_t d = (size_t)kv->shape.head_dim, n = (1 + BT) * d;
-	const uint8_t *q = *p;
-	uint32_t chosen = (uint32_t)get_le(q, 4);
-	/* positions past block 0 are stored centered: their mu must be there */
-	if (chosen > 1 || get_le(q + 4, 4) != 0 || (!chosen && n_kv > BT))
-		return error_set(err, SESSION_E_KV_SECTION,
-				 "layer %d head %d: centered-key state %u with %u tokens", layer, head,
-				 chosen, n_kv);
-	_cleanup_(freep) float *cs = malloc_array(n, sizeof(float));
-	if (!cs)
-		return error_set(err, -ENOMEM, "out of memory");
-	for (size_t x = 0; x < n; x++) {
-		uint32_t bits = (uint32_t)get_le(q + 8 + 4 * x, 4);
-		memcpy(&cs[x], &bits, 4);
-	}
-	int r = kvstore_key_center_put(kv, layer, head, chosen, cs, cs + d);
-	if (r != 0)
-		return error_set(err, SESSION_E_KV_SECTION,
-				 "layer %d head %d: a centered-key mean or key not finite%s", layer,
-				 head, chosen ? "" : ", or a mean before one was chosen");
-	*p += center_record_bytes((int)d);
-	return 0;
-}
-
 /*
- * The KV section: kind, spec, seed and per-layer formats must match the
- * plan before the cache is built; then every TQ descriptor is installed
- * (kvstore_tq_desc_put checks it against the plan and the seed).
+ * The KV section: kind, spec and seed, then the cache for the plan is
+ * built and every record's tag and length must be the ones that cache
+ * writes (a file of another KV type otherwise: checksummed, so not
+ * damage); *ret_records points at the first record. The records are
+ * installed by load_records() once the blocks are in.
  */
 static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCache **ret_kv,
-		   Error *err)
+		   const uint8_t **ret_records, Error *err)
 {
-	int n_layers = e->shape.n_layers, n_heads = e->shape.n_kv_heads;
-	uint64_t expect = 16;
-	const uint8_t *p, *p0;
+	const uint8_t *p;
 	uint64_t len;
 	int r;
 
-	if ((r = in_section(in, SESSION_SECTION_KV, UINT64_MAX, 1u << 30, SESSION_E_KV_SECTION, "KV section",
-			    &p, &len, err)) != 0)
+	if ((r = in_section(in, SESSION_SECTION_KV, UINT64_MAX, SESSION_MAX_KV_SECTION,
+			    SESSION_E_KV_SECTION, "KV section", &p, &len, err)) != 0)
 		return r;
+	if (hd->version < SESSION_VERSION)
+		return error_set(err, SESSION_E_KV_TYPE,
+				 "saved by an older turbokv (session file version %u): the cache is "
+				 "laid out as this build no longer reads", hd->version);
 	if (len < 16)
 		return error_set(err, SESSION_E_KV_SECTION, "KV section: %llu bytes", (unsigned long long)len);
-	uint64_t spec_len = get_le(p + 4, 4);
-	if (spec_len > KVSPEC_MAX_LEN)
+	uint32_t kind = (uint32_t)get_le(p, 4);
+	uint64_t spec_len = get_le(p + 4, 4), seed = get_le(p + 8, 8);
+	if (spec_len > KVSPEC_MAX_LEN || spec_len > len - 16)
 		return error_set(err, SESSION_E_KV_SECTION, "KV section: a spec of %llu bytes",
 				 (unsigned long long)spec_len);
-	expect += spec_len;
-	for (int i = 0; i < n_layers; i++) {
-		KvLayerTypes lt = plan_layer(e, i);
-		expect += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
-	}
-	if (len != expect) /* checksummed, so not damage: a file of another KV type */
-		return error_set(err, SESSION_E_KV_TYPE, "KV section of %llu bytes, this daemon's KV type needs %llu",
-				 (unsigned long long)len, (unsigned long long)expect);
-	p0 = p;
-	uint32_t kind = (uint32_t)get_le(p, 4);
-	uint64_t seed = get_le(p + 8, 8);
 	for (uint64_t i = 0; i < spec_len; i++)
 		if (p[16 + i] < 0x20 || p[16 + i] > 0x7e)
 			return error_set(err, SESSION_E_KV_SECTION, "KV section: the spec is not printable ASCII");
 	if (kind > 1)
 		return error_set(err, SESSION_E_KV_SECTION, "KV section: cache kind %u", kind);
-	if (kind != (e->plan ? 1u : 0u))
-		return error_set(err, SESSION_E_KV_TYPE, "saved with the %s cache, this daemon uses the %s cache",
-				 kind ? "compressed" : "f32", e->plan ? "compressed" : "f32");
 	if (kind == 0 && seed != 0)
 		return error_set(err, SESSION_E_KV_SECTION, "KV section: a seed for the f32 cache");
-	p += 16 + spec_len;
-	bool centered = false, pk = false;
-	for (int i = 0; i < n_layers; i++) {
-		KvLayerTypes lt = plan_layer(e, i);
-		if (p[0] != lt.k.format || p[1] != k_flags(&lt.k) || p[2] != lt.v.format || p[3] != lt.v.hadamard)
-			return error_set(err, SESSION_E_KV_TYPE, "layer %d: saved with other K/V formats", i);
-		centered |= lt.k.centered;
-		pk |= type_is_pk(&lt.k);
-		p += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
-	}
-	if (hd->version != file_version(centered, pk))
-		return error_set(err, SESSION_E_KV_SECTION, "version %u with%s centered keys", hd->version,
-				 centered ? "" : "out");
 
 	_cleanup_(kvcache_freep) KvCache *kv = NULL;
-	r = e->plan ? kvcache_new_quant(&e->shape, e->plan, seed, &kv, err) : kvcache_new_f32(&e->shape, &kv);
+	Error e2 = { 0 };
+	r = kvcache_new_host(&e->shape, e->plan, seed, &kv, &e2);
 	if (r != 0)
-		return r < 0 ? error_set(err, r, "cannot build the cache: %s", strerror(-r))
-			     : error_set(err, SESSION_E_KV_TYPE, "cannot build the cache: %s", err ? err->msg : "");
-	p = p0 + 16 + spec_len;
-	for (int i = 0; i < n_layers && e->plan; i++) {
-		KvLayerTypes lt = plan_layer(e, i);
-		p += 4;
-		for (int h = 0; h < n_heads; h++) {
+		return r < 0 ? error_set(err, r, "cannot build the cache: %s", e2.msg)
+			     : error_set(err, SESSION_E_KV_TYPE, "cannot build the cache: %s", e2.msg);
+	const KvCacheFileOps *fo = kvcache_file(kv);
+	if (kind != fo->kind)
+		return error_set(err, SESSION_E_KV_TYPE, "saved with the %s cache, this daemon uses the %s cache",
+				 kind ? "compressed" : "f32", fo->kind ? "compressed" : "f32");
+	uint64_t pos = 16 + spec_len;
+	for (int i = 0; i < e->shape.n_layers; i++) {
+		if (len - pos < 8 || get_le(p + pos, 8) != fo->block_bytes(kv, i))
+			return error_set(err, SESSION_E_KV_TYPE, "layer %d: blocks of another KV type", i);
+		pos += 8;
+		for (int h = 0; h < e->shape.n_kv_heads; h++)
 			for (int role = 0; role < 2; role++) {
-				if (!type_is_tq(role == 0 ? &lt.k : &lt.v))
-					continue;
-				TqDesc d;
-				Error e2 = { 0 };
-				r = tq_desc_decode(p, TQ_DESC_RECORD_BYTES, &d, &e2);
-				if (r != 0)
-					return error_set(err, SESSION_E_KV_SECTION, "layer %d head %d %c: %s", i, h,
-							 role ? 'V' : 'K', e2.msg);
-				r = kvstore_tq_desc_put(kv, i, h, (KvRole)role, &d, &e2);
-				if (r == -ENOMEM)
-					return error_set(err, r, "out of memory");
-				if (r != 0)
-					return error_set(err, SESSION_E_KV_TYPE, "layer %d head %d %c: %s", i, h,
-							 role ? 'V' : 'K', e2.msg);
-				p += TQ_DESC_RECORD_BYTES;
+				uint32_t tag = fo->record_tag(kv, i, h, role);
+				uint64_t want = fo->record_bytes(kv, i, h, role, hd->n_kv);
+				if (len - pos < 8 || get_le(p + pos, 4) != tag || get_le(p + pos + 4, 4) != want ||
+				    want > len - pos - 8)
+					return error_set(err, SESSION_E_KV_TYPE,
+							 "layer %d head %d %c: saved with another KV type", i, h,
+							 role ? 'V' : 'K');
+				pos += 8 + want;
 			}
-			if (lt.k.centered && (r = read_center(&p, kv, hd->n_kv, i, h, err)) != 0)
-				return r;
-			if (type_is_pk(&lt.k))
-				p += pk_record_bytes(lt.k.dim, hd->n_kv); /* read_pk(), once the blocks are in */
-		}
 	}
-	in->kv_payload = p0;
+	if (pos != len)
+		return error_set(err, SESSION_E_KV_SECTION, "KV section: %llu bytes after the last record",
+				 (unsigned long long)(len - pos));
+	*ret_records = p + 16 + spec_len;
 	*ret_kv = TAKE_PTR(kv);
 	return 0;
 }
 
-/*
- * The pk-key records of the KV section (read_kv() checked its length and
- * the formats) into kv, whose blocks are in: kvstore_pk_put() checks
- * every value and that the coded blocks can be read.
- */
-static int read_pk(const uint8_t *p, const SessionHeader *hd, const SessionExpect *e, KvCache *kv,
-		   Error *err)
+/* The records read_kv() checked, into kv, whose blocks are in. */
+static int load_records(const uint8_t *p, const SessionHeader *hd, const SessionExpect *e, KvCache *kv,
+			Error *err)
 {
-	int n_layers = e->shape.n_layers, n_heads = e->shape.n_kv_heads;
-	p += 16 + get_le(p + 4, 4);
-	for (int i = 0; i < n_layers; i++) {
-		KvLayerTypes lt = plan_layer(e, i);
-		if (!type_is_pk(&lt.k)) {
-			p += kv_layer_entry_bytes(&lt, n_heads, hd->n_kv);
-			continue;
-		}
-		p += 4;
-		size_t d = (size_t)lt.k.dim, n = pk_record_floats(lt.k.dim, hd->n_kv);
-		_cleanup_(freep) float *f = malloc_array(n, sizeof(float));
-		if (!f)
-			return error_set(err, -ENOMEM, "out of memory");
-		for (int h = 0; h < n_heads; h++) {
-			p += type_is_tq(&lt.v) * (size_t)TQ_DESC_RECORD_BYTES + center_record_bytes(lt.k.dim);
-			uint32_t chosen = (uint32_t)get_le(p, 4);
-			if (chosen > 1 || get_le(p + 4, 4) != 0)
-				return error_set(err, SESSION_E_KV_SECTION, "layer %d head %d: pk state %u", i, h,
-						 chosen);
-			for (size_t x = 0; x < n; x++) {
-				uint32_t bits = (uint32_t)get_le(p + 8 + 4 * x, 4);
-				memcpy(&f[x], &bits, 4);
+	const KvCacheFileOps *fo = kvcache_file(kv);
+	for (int i = 0; i < e->shape.n_layers; i++) {
+		p += 8; /* the layer's block bytes, checked by read_kv() */
+		for (int h = 0; h < e->shape.n_kv_heads; h++)
+			for (int role = 0; role < 2; role++) {
+				uint32_t n = (uint32_t)get_le(p + 4, 4);
+				Error e2 = { 0 };
+				int r = fo->record_load(kv, i, h, role, hd->n_kv, p + 8, &e2);
+				if (r < 0)
+					return error_set(err, r, "%s", e2.msg);
+				if (r)
+					return error_set(err, r == KVCACHE_E_OTHER_TYPE ? SESSION_E_KV_TYPE
+											: SESSION_E_KV_SECTION,
+							 "KV section: %s", e2.msg);
+				p += 8 + n;
 			}
-			/* w, then qe below 32 tokens, then the tail */
-			const float *qe = hd->n_kv < BT ? f + d / 2 : NULL;
-			const float *tail = f + d / 2 + (qe ? BT * d / 2 : 0);
-			int r = kvstore_pk_put(kv, i, h, hd->n_kv, chosen, qe, f, tail);
-			if (r == -ENOMEM)
-				return error_set(err, r, "out of memory");
-			if (r != 0)
-				return error_set(err, SESSION_E_KV_SECTION,
-						 "layer %d head %d: pk keys: a weight, energy or key not "
-						 "finite, weights missing, or a coded block that cannot be read",
-						 i, h);
-			p += pk_record_bytes(lt.k.dim, hd->n_kv);
-		}
 	}
 	return 0;
 }
@@ -900,8 +665,8 @@ static int read_messages(In *in, SessionState *s, Error *err)
 static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, Error *err)
 {
 	const KvCacheShape *sh = &kv->shape;
-	bool f32 = kvcache_is_f32(kv);
-	size_t bytes = f32 ? f32_block_bytes(sh->head_dim) : kvstore_block_bytes(kv, layer);
+	const KvCacheFileOps *fo = kvcache_file(kv);
+	size_t bytes = fo->block_bytes(kv, layer);
 	uint32_t n_blocks = (hd->n_kv + BT - 1) / BT;
 	uint64_t expect = 16 + (uint64_t)sh->n_kv_heads * n_blocks * bytes;
 	char what[48];
@@ -917,25 +682,10 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 				 what, (unsigned)get_le(p, 4), (unsigned)get_le(p + 4, 4),
 				 (unsigned long long)get_le(p + 8, 8), layer, n_blocks, bytes);
 	p += 16;
-	float *k = NULL, *v = NULL;
-	if (f32)
-		(void)kvcache_f32_rows(kv, layer, &k, &v);
-	size_t d = (size_t)sh->head_dim, row = (size_t)sh->n_kv_heads * d;
 	for (int h = 0; h < sh->n_kv_heads; h++)
-		for (uint32_t b = 0; b < n_blocks; b++, p += bytes) {
-			if (!f32) {
-				if ((r = kvstore_block_put(kv, layer, h, b, p, bytes)) != 0)
-					return error_set(err, r, "cannot restore a block: %s", strerror(-r));
-				continue;
-			}
-			for (int t = 0; t < BT; t++) {
-				int64_t pos = (int64_t)b * BT + t;
-				if (pos >= (int64_t)hd->n_kv)
-					break;
-				memcpy(k + (size_t)pos * row + (size_t)h * d, p + (size_t)t * d * 4, d * 4);
-				memcpy(v + (size_t)pos * row + (size_t)h * d, p + (size_t)(BT + t) * d * 4, d * 4);
-			}
-		}
+		for (uint32_t b = 0; b < n_blocks; b++, p += bytes)
+			if ((r = fo->block_load(kv, layer, h, b, hd->n_kv, p)) != 0)
+				return error_set(err, r, "cannot restore a block: %s", strerror(-r));
 	return 0;
 }
 
@@ -969,10 +719,11 @@ static int read_file(const void *data, size_t len, const SessionExpect *e, bool 
 	In in = { .p = data, .len = len, .pos = SESSION_HEADER_BYTES };
 	const uint8_t *p;
 	uint64_t n;
+	const uint8_t *records = NULL;
 	/* conversation only: the KV and LAYER sections' checksums are checked, nothing else */
-	r = conversation_only ? in_section(&in, SESSION_SECTION_KV, UINT64_MAX, 1u << 30, SESSION_E_KV_SECTION,
-					   "KV section", &p, &n, err)
-			      : read_kv(&in, &hd, e, &s->kv, err);
+	r = conversation_only ? in_section(&in, SESSION_SECTION_KV, UINT64_MAX, SESSION_MAX_KV_SECTION,
+					   SESSION_E_KV_SECTION, "KV section", &p, &n, err)
+			      : read_kv(&in, &hd, e, &s->kv, &records, err);
 	if (r != 0)
 		return r;
 	if ((r = read_tokens(&in, &hd, e, &s->tokens, err)) != 0)
@@ -989,7 +740,7 @@ static int read_file(const void *data, size_t len, const SessionExpect *e, bool 
 	}
 	if (in.pos != len)
 		return error_set(err, SESSION_E_HEADER, "%zu bytes after the last section", len - in.pos);
-	if (s->kv && e->plan && (r = read_pk(in.kv_payload, &hd, e, s->kv, err)) != 0)
+	if (s->kv && (r = load_records(records, &hd, e, s->kv, err)) != 0)
 		return r;
 	if (s->kv)
 		kvcache_set_n_tokens(s->kv, hd.n_kv);
@@ -1008,43 +759,63 @@ int session_read_conversation(const void *data, size_t len, const SessionExpect 
 	return read_file(data, len, e, true, ret, err);
 }
 
+/* Read exactly n bytes at buf from fd; 0, -errno, or SESSION_E_TRUNCATED if the file ends first. */
+static int read_full(int fd, uint8_t *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t k = read(fd, buf + got, n - got);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			return SESSION_E_TRUNCATED;
+		got += (size_t)k;
+	}
+	return 0;
+}
+
 static int load_file(int dir_fd, const char *file, const SessionExpect *expect, bool conversation_only,
 		     SessionState **ret, Error *err)
 {
 	struct stat st;
-	int fd = openat(dir_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	SessionHeader hd;
+	/* O_NONBLOCK: a FIFO planted in place of a file must not stall the caller */
+	int fd = openat(dir_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0)
 		return error_set(err, -errno, "cannot open %s: %s", file, strerror(errno));
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		int e = S_ISREG(st.st_mode) ? -errno : -EINVAL;
-		safe_close(fd);
-		return error_set(err, e, "%s: not a regular file", file);
-	}
-	if ((uint64_t)st.st_size > SESSION_MAX_FILE_BYTES || (uint64_t)st.st_size > SIZE_MAX) {
-		safe_close(fd);
+	_cleanup_(closep) int fd_owned = fd;
+	if (fstat(fd, &st) < 0)
+		return error_set(err, -errno, "%s: %s", file, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return error_set(err, -EINVAL, "%s: not a regular file", file);
+	if ((uint64_t)st.st_size > SESSION_MAX_FILE_BYTES || (uint64_t)st.st_size > SIZE_MAX)
 		return error_set(err, SESSION_E_TOO_LARGE, "%s: %lld bytes", file, (long long)st.st_size);
-	}
-	size_t size = (size_t)st.st_size, got = 0;
-	_cleanup_(freep) uint8_t *buf = malloc(size ? size : 1);
-	if (!buf) {
-		safe_close(fd);
+	/* the header first: its checks and its size before the body is read */
+	size_t size = (size_t)st.st_size;
+	uint8_t head[SESSION_HEADER_BYTES];
+	int r = read_full(fd, head, MIN(size, sizeof(head)));
+	if (r < 0)
+		return error_set(err, r, "read %s: %s", file, strerror(-r));
+	if (r > 0)
+		return error_set(err, SESSION_E_TRUNCATED, "%s: shrank while read", file);
+	if ((r = session_peek(head, MIN(size, sizeof(head)), &hd, err)) != 0)
+		return r;
+	if (hd.file_bytes != size)
+		return error_set(err, hd.file_bytes > size ? SESSION_E_TRUNCATED : SESSION_E_HEADER,
+				 "%s: the header says %llu bytes, the file has %zu", file,
+				 (unsigned long long)hd.file_bytes, size);
+	_cleanup_(freep) uint8_t *buf = malloc(size);
+	if (!buf)
 		return error_set(err, -ENOMEM, "out of memory for a %zu-byte session", size);
-	}
-	while (got < size) {
-		ssize_t n = read(fd, buf + got, size - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			int e = n < 0 ? -errno : 0;
-			safe_close(fd);
-			if (e)
-				return error_set(err, e, "read %s: %s", file, strerror(-e));
-			break; /* shrank under us: parse what is there */
-		}
-		got += (size_t)n;
-	}
-	safe_close(fd);
-	return read_file(buf, got, expect, conversation_only, ret, err);
+	memcpy(buf, head, sizeof(head));
+	r = read_full(fd, buf + sizeof(head), size - sizeof(head));
+	if (r < 0)
+		return error_set(err, r, "read %s: %s", file, strerror(-r));
+	if (r) /* shrank under us */
+		return error_set(err, SESSION_E_TRUNCATED, "%s: shorter than its header says", file);
+	return read_file(buf, size, expect, conversation_only, ret, err);
 }
 
 int session_load_at(int dir_fd, const char *file, const SessionExpect *expect, SessionState **ret,

@@ -3,10 +3,14 @@
  * messages and its KV cache, saved so that it can be restored bit for bit
  * after a restart.
  *
- * Owns: the byte layout below, the atomic writer and the validating
- * reader, which rebuilds a fresh KvCache (f32 or compressed store) from
- * the file. Not here: where files live, names, quotas, locking (the
- * daemon's session manager), the codecs themselves (tq.h, kvstore.h).
+ * Owns: the container below (header, sections, checksums), the atomic
+ * writer and the validating reader, which rebuilds a fresh KvCache (f32
+ * or compressed store) from the file. It knows lengths, tags and
+ * checksums, never what a KV record means: each cache writes its own
+ * blocks and records through kvcache.h's KvCacheFileOps, and in the
+ * compressed store each KV format documents its record beside its code
+ * (engine/kv/fmt_*.c). Not here: where files live, names, quotas, locking
+ * (the daemon's session manager).
  *
  * == File layout (all integers little-endian, no padding) ==
  *
@@ -14,9 +18,9 @@
  *
  *   offset size field
  *   0      8    magic "TKVSESS\0"
- *   8      4    version: SESSION_VERSION_PK = 3 when a layer has pk
- *               keys (kvpk.h), else SESSION_VERSION_CENTERED = 2 when a
- *               layer has centered keys (+c), else SESSION_VERSION = 1
+ *   8      4    version, SESSION_VERSION = 4 (versions 1 to 3, whose KV
+ *               section the container itself laid out, are read for
+ *               their conversation only: the prompt is recomputed)
  *   12     4    header size, 64
  *   16     8    model fingerprint: gguf_fingerprint() of the model
  *   24     4    n_layers
@@ -37,32 +41,26 @@
  *   L      payload
  *   4      CRC-32C of the section header and the payload (16 + L bytes)
  *
- * KV (id 1), the cache's type:
- *   0      4    kind: 0 = the plain f32 cache (kvcache_new_f32), 1 = the
- *               compressed store (kvcache_new_quant)
+ * KV (id 1), the cache's type and state:
+ *   0      4    kind: KvCacheFileOps.kind, 0 = the exact f32 cache
+ *               (kvcache_new_f32), 1 = the compressed store
+ *               (kvcache_new_quant)
  *   4      4    spec length S, 0..KVSPEC_MAX_LEN (the --kv text, for
  *               people; printable ASCII)
- *   8      8    cache seed (kvstore_seed(); 0 for kind 0)
+ *   8      8    cache seed (KvCacheFileOps.seed(); 0 for kind 0)
  *   16     S    spec text, not NUL-terminated
  *   then per layer (n_layers times):
- *          4    K format (KvFormat), K flags (bit 0 +h, bit 1 +c), V
- *               format, V +h (0/1)
- *          then per kv-head h (n_kv_heads times): the 176-byte TqDesc
- *          record (tq.h) of h's K codec if K is TQ, then of V if V is TQ,
- *          seeds and outlier masks included; then, if K is +c (kvtype.h),
- *          8 + 132 head_dim bytes: u32 1 if mu is chosen else 0 (1
- *          whenever n_kv > 32), u32 0, head_dim f32 mu (all zero while not
- *          chosen), 32 x head_dim f32 keys of positions 0..31
- *          (kvstore_key_center(); all finite); then, if K is pk (which
- *          is always +c), kvstore_pk_state()'s: u32 1 if the pair
- *          weights are chosen else 0 (1 whenever n_kv >= 32), u32 0,
- *          head_dim / 2 f32 weights (zero while not chosen); only when
- *          n_kv < 32, 16 head_dim f32 query energies (positions 0..31);
- *          then the exact keys of positions max(32, 32 (n_kv / 32 - 1))
- *          .. n_kv - 1 (the last coded block and the partial one; none
- *          below 33 tokens), head_dim f32 each; all finite, none negative
- *          but the keys
- *   Kind 0 has every format f32 without +h.
+ *          8    block bytes of the layer (those of its LAYER section)
+ *          then per kv-head, K then V, one record:
+ *          4    tag: four ASCII bytes naming who wrote it ("PLN1" plain,
+ *               "TQD1" TurboQuant, "CTR1" centered, "PKY1" pair-coded
+ *               keys, "F32 " the f32 cache)
+ *          4    length L of the record for n_kv tokens
+ *          L    the record, as its format documents it
+ *   Block bytes, tags or lengths that are not those the cache built for
+ *   the reader's plan writes make a file of another KV type
+ *   (SESSION_E_KV_TYPE: the conversation is recomputed); the section is
+ *   at most SESSION_MAX_KV_SECTION bytes.
  *
  * TOKENS (id 2): n_tokens x u32 token id, each < the model's vocabulary.
  *
@@ -77,16 +75,15 @@
  * LAYER (id 4), the KV rows of one layer:
  *   0      4    layer index (the section's position: 0, 1, ...)
  *   4      4    n_blocks = ceil(n_kv / 32)
- *   8      8    block bytes: the compressed store's kvstore_block_bytes(),
- *               for kind 0 32 * 2 * head_dim * 4
+ *   8      8    block bytes: KvCacheFileOps.block_bytes() (the store's
+ *               kvstore_block_bytes(); for kind 0 32 * 2 * head_dim * 4)
  *   16     n_kv_heads * n_blocks * block bytes: kv-head 0's blocks 0..,
  *          then kv-head 1's, ... Each block holds positions 32 i ..
  *          32 i + 31 as kvstore.h lays it out (32 K rows, then 32 V
- *          rows); kind 0 writes f32 rows the same way. Rows at positions
- *          >= n_kv are written as zeros; so is the whole K region of a
- *          pk layer's partial last block (its keys are in the KV
- *          section), and every coded pk block (1 .. n_kv / 32 - 1) must
- *          pass kvpk_block_coded().
+ *          rows; kind 0 writes f32 rows the same way), as
+ *          KvCacheFileOps.block_save() gives it: rows at positions >= n_kv
+ *          are zeros, and a format may say more (pk: a partial block's
+ *          key region is zeros, its keys are in the record).
  *
  * == Reading ==
  *
@@ -95,11 +92,13 @@
  * model fingerprint and shape, the KV plan, the vocabulary, the
  * capacity) and the hard caps, every section's id, position, length
  * (computed from the header, never taken on faith) and checksum, before
- * anything is built; then each TqDesc must decode and match the plan with
- * the stored seed's derived seeds (outlier masks are taken from the
- * file), and each layer's block size must match the cache built for the
- * plan. Each failure has its own code below. A file that passes restores
- * into a fresh cache whose blocks equal the saved ones byte for byte.
+ * anything is built; then every record's tag and length and each layer's
+ * block size must be those of the cache built for the plan, the blocks
+ * go in, and each record is handed to its format, which checks it
+ * (TurboQuant: the descriptor matches the plan with the stored seed's
+ * derived seeds; pk: coded blocks are readable). Each failure has its own
+ * code below. A file that passes restores into a fresh cache whose blocks
+ * and state equal the saved ones byte for byte.
  *
  * == Writing ==
  *
@@ -119,15 +118,15 @@
 #include "engine/kv/kvtype.h"
 
 #define SESSION_MAGIC "TKVSESS"          /* 8 bytes with its NUL */
-#define SESSION_VERSION 1u          /* no layer with centered keys */
-#define SESSION_VERSION_CENTERED 2u /* version 1 plus centered-key records */
-#define SESSION_VERSION_PK 3u       /* version 2 plus pk-key records */
+#define SESSION_VERSION 4u       /* KV records written by each format */
+#define SESSION_VERSION_FIRST 1u /* the oldest this build reads (for the conversation) */
 #define SESSION_HEADER_BYTES 64u
 #define SESSION_SECTION_HEADER_BYTES 16u
 #define SESSION_MAX_TOKENS (1u << 24)
 #define SESSION_MAX_MESSAGES 65536u
 #define SESSION_MAX_TEXT_BYTES (256u << 20)
 #define SESSION_MAX_FILE_BYTES (1ull << 34) /* 16 GiB */
+#define SESSION_MAX_KV_SECTION (1ull << 30)
 
 enum {
 	SESSION_SECTION_KV = 1,
@@ -143,7 +142,7 @@ enum {
 	SESSION_E_VERSION,       /* a version this build cannot read */
 	SESSION_E_HEADER,        /* header checksum, or a header field out of range or inconsistent */
 	SESSION_E_MODEL,         /* saved for another model (fingerprint or shape) */
-	SESSION_E_KV_TYPE,       /* saved with another KV type (or seed-inconsistent codecs) */
+	SESSION_E_KV_TYPE,       /* saved with another KV type or by an older layout (recompute) */
 	SESSION_E_KV_SECTION,    /* the KV section: checksum, id, length or content */
 	SESSION_E_TOKENS,        /* the TOKENS section: checksum, id, length or a token id */
 	SESSION_E_MESSAGES,      /* the MESSAGES section: checksum, id, length or content */

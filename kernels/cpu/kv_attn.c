@@ -9,6 +9,7 @@
  * into the engine; test-kvstore checks them against dequantize-then-exact
  * attention, test-kvattn checks the AVX2 and AVX-512 kernels against them.
  */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@
 #include "kernels/cpu/kv_attn.h"
 #include "kernels/wtype.h"
 
-int kv_attn_rows_init(KvAttnRows *rows, KvAttnFormat format, int dim)
+int kv_attn_rows_init(KvAttnRows *rows, KvFormat format, int dim)
 {
 	memset(rows, 0, sizeof(*rows));
 	if (dim <= 0 || dim > TQ_MAX_DIM)
@@ -26,19 +27,20 @@ int kv_attn_rows_init(KvAttnRows *rows, KvAttnFormat format, int dim)
 	rows->format = format;
 	rows->dim = dim;
 	switch (format) {
-	case KV_ATTN_F32:
+	case KV_FORMAT_F32:
 		rows->row_bytes = (size_t)dim * sizeof(float);
 		return 0;
-	case KV_ATTN_F16:
+	case KV_FORMAT_F16:
 		rows->row_bytes = (size_t)dim * sizeof(tkv_half);
 		return 0;
-	case KV_ATTN_Q8_0:
+	case KV_FORMAT_Q8_0:
 		rows->row_bytes = (size_t)(dim / QK8_0) * sizeof(BlockQ8_0);
 		return dim % QK8_0 ? -EINVAL : 0;
-	case KV_ATTN_Q4_0:
+	case KV_FORMAT_Q4_0:
 		rows->row_bytes = (size_t)(dim / QK4_0) * sizeof(BlockQ4_0);
 		return dim % QK4_0 ? -EINVAL : 0;
-	case KV_ATTN_TQ:
+	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
 		break;
 	}
 	return -EINVAL;
@@ -64,7 +66,7 @@ int kv_attn_rows_init_tq(KvAttnRows *rows, const TqLayout *layout, const float *
 	if (layout->dim <= 0 || layout->dim > TQ_MAX_DIM || layout->bits_hi > 8 ||
 	    layout->bits_lo > 8 || (layout->n_hi > 0 && !cb_hi) || (layout->n_hi < layout->dim && !cb_lo))
 		return -EINVAL;
-	rows->format = KV_ATTN_TQ;
+	rows->format = KV_FORMAT_TQ;
 	rows->dim = layout->dim;
 	rows->row_bytes = layout->code_bytes;
 	rows->tq = *layout;
@@ -99,7 +101,7 @@ void kv_attn_query_prepare(const KvAttnRows *keys, KvAttnQuery *q)
 {
 	int d = keys->dim;
 	memcpy(q->qd, q->q, (size_t)d * sizeof(float));
-	if (keys->format != KV_ATTN_TQ)
+	if (keys->format != KV_FORMAT_TQ)
 		return;
 	int n_hi = keys->tq.n_hi, hi_pad = pad32(n_hi);
 	for (int s = 0; s < 2; s++) { /* the full 4-bit chunks: evens, then odds (decode_pos) */
@@ -139,17 +141,17 @@ static float score_one_ref(const KvAttnRows *r, const KvAttnQuery *q, const uint
 	int d = r->dim;
 	float acc = 0.0f;
 	switch (r->format) {
-	case KV_ATTN_F32: {
+	case KV_FORMAT_F32: {
 		const float *kf = (const float *)k;
 		for (int i = 0; i < d; i++)
 			acc += x[i] * kf[i];
 		return acc;
 	}
-	case KV_ATTN_F16:
+	case KV_FORMAT_F16:
 		for (int i = 0; i < d; i++)
 			acc += x[i] * half_to_f32((tkv_half)(k[2 * i] | k[2 * i + 1] << 8));
 		return acc;
-	case KV_ATTN_Q8_0: {
+	case KV_FORMAT_Q8_0: {
 		const BlockQ8_0 *b = (const BlockQ8_0 *)k;
 		for (int bi = 0; bi < d / QK8_0; bi++) {
 			float s = 0.0f;
@@ -159,7 +161,7 @@ static float score_one_ref(const KvAttnRows *r, const KvAttnQuery *q, const uint
 		}
 		return acc;
 	}
-	case KV_ATTN_Q4_0: {
+	case KV_FORMAT_Q4_0: {
 		const BlockQ4_0 *b = (const BlockQ4_0 *)k;
 		for (int bi = 0; bi < d / QK4_0; bi++) {
 			const float *xb = x + bi * QK4_0;
@@ -172,7 +174,8 @@ static float score_one_ref(const KvAttnRows *r, const KvAttnQuery *q, const uint
 		}
 		return acc;
 	}
-	case KV_ATTN_TQ:
+	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
 		break;
 	}
 	/* TQ: tq_inner_product() term by term */
@@ -202,17 +205,17 @@ static void axpy_one_ref(const KvAttnRows *r, float a, const uint8_t *v, float *
 {
 	int d = r->dim;
 	switch (r->format) {
-	case KV_ATTN_F32: {
+	case KV_FORMAT_F32: {
 		const float *vf = (const float *)v;
 		for (int i = 0; i < d; i++)
 			acc[i] += a * vf[i];
 		return;
 	}
-	case KV_ATTN_F16:
+	case KV_FORMAT_F16:
 		for (int i = 0; i < d; i++)
 			acc[i] += a * half_to_f32((tkv_half)(v[2 * i] | v[2 * i + 1] << 8));
 		return;
-	case KV_ATTN_Q8_0: {
+	case KV_FORMAT_Q8_0: {
 		const BlockQ8_0 *b = (const BlockQ8_0 *)v;
 		for (int bi = 0; bi < d / QK8_0; bi++) {
 			float as = a * half_to_f32(b[bi].d);
@@ -221,7 +224,7 @@ static void axpy_one_ref(const KvAttnRows *r, float a, const uint8_t *v, float *
 		}
 		return;
 	}
-	case KV_ATTN_Q4_0: {
+	case KV_FORMAT_Q4_0: {
 		const BlockQ4_0 *b = (const BlockQ4_0 *)v;
 		for (int bi = 0; bi < d / QK4_0; bi++) {
 			float as = a * half_to_f32(b[bi].d);
@@ -233,7 +236,8 @@ static void axpy_one_ref(const KvAttnRows *r, float a, const uint8_t *v, float *
 		}
 		return;
 	}
-	case KV_ATTN_TQ:
+	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
 		break;
 	}
 	/* TQ: a s_g c[idx_i] per rotated coordinate */
@@ -273,6 +277,40 @@ void kv_attn_softmax_ref(float *s, int ld, int G, int n, float *m, float *l, flo
 	}
 }
 
+/* ---- pair-coded keys ---- */
+
+void kv_attn_pk_scores_ref(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+			   float scale, float *scores, int ld)
+{
+	const int d = keys->dim, BT = KV_BLOCK_TOKENS;
+	const uint8_t *sc = kvpk_scales(blk, keys->code_bits), *widths = sc + d / 2;
+	float acc[KVPK_MAX_GROUP][KV_BLOCK_TOKENS], y[KV_BLOCK_TOKENS];
+	uint8_t idx[KV_BLOCK_TOKENS];
+	assert(G <= KVPK_MAX_GROUP);
+	memset(acc, 0, sizeof(acc));
+	const uint8_t *col = blk;
+	/* column by column: each coordinate's 32 values once, then every query head */
+	for (int j = 0; j < d; j++) {
+		int b = kvpk_width(widths, j / 2);
+		if (b == 0)
+			continue;
+		kvpk_column_unpack(col, b, idx);
+		col += (size_t)BT * b / 8;
+		const float *c = keys->centroids[b];
+		float s = kvpk_scale_of(sc[j / 2]);
+		for (int t = 0; t < BT; t++)
+			y[t] = c[idx[t]] * s;
+		for (int g = 0; g < G; g++) {
+			float qj = q[(size_t)g * d + j];
+			for (int t = 0; t < BT; t++)
+				acc[g][t] += qj * y[t];
+		}
+	}
+	for (int g = 0; g < G; g++)
+		for (int t = 0; t < n; t++)
+			scores[(size_t)g * ld + t] = acc[g][t] * scale;
+}
+
 /* ---- dispatch ---- */
 
 bool kv_attn_have_avx2(void)
@@ -303,6 +341,11 @@ KvAttnSoftmaxFn kv_attn_softmax_get(void)
 	if (kv_attn_have_avx512())
 		return kv_attn_softmax_avx512;
 	return kv_attn_have_avx2() ? kv_attn_softmax_avx2 : kv_attn_softmax_ref;
+}
+
+KvAttnPkScoresFn kv_attn_pk_scores_get(void)
+{
+	return kv_attn_pk_scores_ref;
 }
 
 KvAttnValuesFn kv_attn_values_get(void)

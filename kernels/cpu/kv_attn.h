@@ -57,22 +57,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kv_format.h"
+#include "kernels/kv_pk_layout.h"
 #include "kernels/tq_layout.h"
 
-#define KV_ATTN_MAX_KEYS 32 /* keys or values per kernel call (one store block) */
 #define KV_ATTN_PAD 32      /* int8 query streams are padded to this many values */
-
-typedef enum KvAttnFormat {
-	KV_ATTN_F32,
-	KV_ATTN_F16,
-	KV_ATTN_Q8_0,
-	KV_ATTN_Q4_0,
-	KV_ATTN_TQ,
-} KvAttnFormat;
 
 /* One side (keys or values) of a (layer, kv-head) as the kernels read it. */
 typedef struct KvAttnRows {
-	KvAttnFormat format;
+	KvFormat format;
 	int dim;
 	size_t row_bytes;       /* bytes per stored vector */
 	/* TQ only */
@@ -108,7 +101,7 @@ typedef struct KvAttnQuery {
  * Fill rows for a non-TQ format (dim a multiple of 32 for Q8_0 / Q4_0)
  * or, from a codec's layout and centroids, for TQ. Returns 0 or -EINVAL.
  */
-int kv_attn_rows_init(KvAttnRows *rows, KvAttnFormat format, int dim);
+int kv_attn_rows_init(KvAttnRows *rows, KvFormat format, int dim);
 int kv_attn_rows_init_tq(KvAttnRows *rows, const TqLayout *layout, const float *cb_hi,
 			 const float *cb_lo, float qjl_const);
 
@@ -159,6 +152,24 @@ void kv_attn_values_avx512(const KvAttnRows *vals, const float *p, int ld, int G
  */
 void kv_attn_scores_tq_int8_avx2(const KvAttnRows *keys, const KvAttnQuery *q, int G,
 				 const uint8_t *k, int n, float scale, float *scores, int ld);
+
+/*
+ * Pair-coded keys (kernels/kv_pk_layout.h) as the score kernels read them:
+ * scores[g * ld + t] = scale * <q_g, k~_t> for the G (<= KVPK_MAX_GROUP)
+ * query heads q (G, dim) as given (no preparation) and rows t < n of the
+ * block's key region, k~_tj = sigma_{j/2} * centroids[b][code_tj].
+ */
+typedef struct KvPkRows {
+	int dim;
+	int code_bits;                             /* per key */
+	const float *centroids[KVPK_MAX_BITS + 1]; /* [b]: the 2^b normal Lloyd-Max levels */
+} KvPkRows;
+
+typedef void (*KvAttnPkScoresFn)(const KvPkRows *keys, const uint8_t *blk, const float *q, int G,
+				 int n, float scale, float *scores, int ld);
+void kv_attn_pk_scores_ref(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+			   float scale, float *scores, int ld);
+KvAttnPkScoresFn kv_attn_pk_scores_get(void);
 
 /*
  * One step of the online softmax over a block of scores s (G, ld), n

@@ -114,19 +114,19 @@ KV_INLINE __m256 floatbook_get8(const FloatBook *fb, uint64_t w)
 }
 
 /* The 8 values 8c .. 8c+7 of a non-TQ row. */
-KV_INLINE __m256 row_get8(KvAttnFormat f, const uint8_t *row, int c)
+KV_INLINE __m256 row_get8(KvFormat f, const uint8_t *row, int c)
 {
 	switch (f) {
-	case KV_ATTN_F32:
+	case KV_FORMAT_F32:
 		return _mm256_loadu_ps((const float *)row + 8 * c);
-	case KV_ATTN_F16:
+	case KV_FORMAT_F16:
 		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16 * c)));
-	case KV_ATTN_Q8_0: {
+	case KV_FORMAT_Q8_0: {
 		const uint8_t *b = row + (size_t)(c / 4) * sizeof(BlockQ8_0);
 		__m128i x = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * (c % 4)));
 		return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)), _mm256_set1_ps(load_f16(b)));
 	}
-	case KV_ATTN_Q4_0: {
+	case KV_FORMAT_Q4_0: {
 		const uint8_t *b = row + (size_t)(c / 4) * sizeof(BlockQ4_0);
 		int w = c % 4;
 		__m128i x = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * (w & 1)));
@@ -136,16 +136,17 @@ KV_INLINE __m256 row_get8(KvAttnFormat f, const uint8_t *row, int c)
 		__m256i i = _mm256_sub_epi32(_mm256_cvtepu8_epi32(x), _mm256_set1_epi32(8));
 		return _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(load_f16(b)));
 	}
-	case KV_ATTN_TQ:
+	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
 		break;
 	}
 	return _mm256_setzero_ps();
 }
 
 /* Scalar value i of a non-TQ row (tails of dims that are not multiples of 8). */
-KV_INLINE float row_get1(KvAttnFormat f, const uint8_t *row, int i)
+KV_INLINE float row_get1(KvFormat f, const uint8_t *row, int i)
 {
-	if (f == KV_ATTN_F32) {
+	if (f == KV_FORMAT_F32) {
 		float x;
 		memcpy(&x, row + 4 * (size_t)i, 4);
 		return x;
@@ -216,7 +217,7 @@ KV_INLINE void key_float(const KvAttnRows *r, const FloatBook *fb, const KvAttnQ
 			 const uint8_t *row, __m256 *a, float *tail)
 {
 	int d = r->dim;
-	if (r->format != KV_ATTN_TQ) {
+	if (r->format != KV_FORMAT_TQ) {
 		int c = 0;
 		for (; 8 * c + 8 <= d; c++) {
 			__m256 k = row_get8(r->format, row, c);
@@ -361,7 +362,7 @@ KV_TARGET static void scores_any(const KvAttnRows *keys, const KvAttnQuery *q, i
 				 int n, float scale, float *scores, int ld, bool use_int8)
 {
 	FloatBook fb[2];
-	if (keys->format == KV_ATTN_TQ) {
+	if (keys->format == KV_FORMAT_TQ) {
 		floatbook_init(&fb[0], keys->cb[0], keys->tq.bits_hi);
 		floatbook_init(&fb[1], keys->cb[1], keys->tq.bits_lo);
 	}
@@ -386,7 +387,7 @@ KV_TARGET void kv_attn_scores_avx2(const KvAttnRows *keys, const KvAttnQuery *q,
 KV_TARGET void kv_attn_scores_tq_int8_avx2(const KvAttnRows *keys, const KvAttnQuery *q, int G,
 					   const uint8_t *k, int n, float scale, float *scores, int ld)
 {
-	scores_any(keys, q, G, k, n, scale, scores, ld, keys->format == KV_ATTN_TQ && keys->int8);
+	scores_any(keys, q, G, k, n, scale, scores, ld, keys->format == KV_FORMAT_TQ && keys->int8);
 }
 
 /* ---- values ---- */
@@ -405,7 +406,7 @@ KV_INLINE int values_tq_chunks(const KvAttnRows *r, const FloatBook *fb, const f
 	if (ns < 32 || bits > 4)
 		return 0;
 	uint32_t oc = s ? L->off_lo : L->off_hi, os = L->off_scale[s ? L->n_scales - 1 : 0];
-	float w[KV_HEADS][KV_ATTN_MAX_KEYS]; /* p_gj s_j */
+	float w[KV_HEADS][KV_BLOCK_TOKENS]; /* p_gj s_j */
 	for (int j = 0; j < n; j++) {
 		float sc = load_f16(v + (size_t)j * r->row_bytes + os);
 		for (int g = 0; g < G; g++)
@@ -444,7 +445,7 @@ KV_INLINE void value_heads(const KvAttnRows *r, const FloatBook *fb, const float
 {
 	int d = r->dim;
 	int done[2] = { 0, 0 };
-	if (r->format == KV_ATTN_TQ)
+	if (r->format == KV_FORMAT_TQ)
 		for (int s = 0; s < 2; s++)
 			done[s] = values_tq_chunks(r, fb, p, ld, G, v, n, acc, acc_ld, s);
 	for (int j = 0; j < n; j++) {
@@ -453,7 +454,7 @@ KV_INLINE void value_heads(const KvAttnRows *r, const FloatBook *fb, const float
 #pragma GCC unroll 4
 		for (int g = 0; g < G; g++)
 			w[g] = _mm256_set1_ps(p[g * ld + j]);
-		if (r->format != KV_ATTN_TQ) {
+		if (r->format != KV_FORMAT_TQ) {
 			int c = 0;
 			for (; 8 * c + 8 <= d; c++) {
 				__m256 x = row_get8(r->format, row, c);
@@ -507,7 +508,7 @@ KV_TARGET void kv_attn_values_avx2(const KvAttnRows *vals, const float *p, int l
 				   const uint8_t *v, int n, float *acc, int acc_ld)
 {
 	FloatBook fb[2];
-	if (vals->format == KV_ATTN_TQ) {
+	if (vals->format == KV_FORMAT_TQ) {
 		floatbook_init(&fb[0], vals->cb[0], vals->tq.bits_hi);
 		floatbook_init(&fb[1], vals->cb[1], vals->tq.bits_lo);
 	}

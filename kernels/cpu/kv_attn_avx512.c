@@ -116,29 +116,29 @@ K5_INLINE __m512 i8x16_scaled(__m128i q, __m512 d)
  * at d and beyond are 0 (F32 / F16 tails; Q8_0 / Q4_0 dims are
  * multiples of 32, one ggml block per 32 values).
  */
-K5_INLINE void plain_get32(KvAttnFormat f, const uint8_t *row, int d, int i, __m512 x[2])
+K5_INLINE void plain_get32(KvFormat f, const uint8_t *row, int d, int i, __m512 x[2])
 {
 	switch (f) {
-	case KV_ATTN_F32: {
+	case KV_FORMAT_F32: {
 		const float *r = (const float *)row + i;
 		x[0] = _mm512_maskz_loadu_ps(lanes(d - i), r);
 		x[1] = _mm512_maskz_loadu_ps(lanes(d - i - 16), r + 16);
 		return;
 	}
-	case KV_ATTN_F16: {
+	case KV_FORMAT_F16: {
 		const uint8_t *r = row + 2 * (size_t)i;
 		x[0] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes(d - i), r));
 		x[1] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes(d - i - 16), r + 32));
 		return;
 	}
-	case KV_ATTN_Q8_0: {
+	case KV_FORMAT_Q8_0: {
 		const uint8_t *b = row + (size_t)(i / QK8_0) * sizeof(BlockQ8_0);
 		__m512 s = _mm512_set1_ps(load_f16(b));
 		x[0] = i8x16_scaled(_mm_loadu_si128((const __m128i *)(b + 2)), s);
 		x[1] = i8x16_scaled(_mm_loadu_si128((const __m128i *)(b + 18)), s);
 		return;
 	}
-	case KV_ATTN_Q4_0: {
+	case KV_FORMAT_Q4_0: {
 		/* ggml: value j is the low nibble of qs[j], value j + 16 the high one, minus 8 */
 		const uint8_t *b = row + (size_t)(i / QK4_0) * sizeof(BlockQ4_0);
 		__m512 s = _mm512_set1_ps(load_f16(b));
@@ -148,7 +148,8 @@ K5_INLINE void plain_get32(KvAttnFormat f, const uint8_t *row, int d, int i, __m
 		x[1] = i8x16_scaled(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), m), eight), s);
 		return;
 	}
-	case KV_ATTN_TQ:
+	case KV_FORMAT_TQ:
+	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
 		break;
 	}
 	x[0] = x[1] = _mm512_setzero_ps();
@@ -166,7 +167,7 @@ typedef struct Stream {
 /* The streams of rows r (1 for plain rows, 1..2 for TQ). */
 K5_INLINE int streams_of(const KvAttnRows *r, const Book *bk, Stream st[2])
 {
-	if (r->format != KV_ATTN_TQ) {
+	if (r->format != KV_FORMAT_TQ) {
 		st[0] = (Stream){ .n = r->dim };
 		return 1;
 	}
@@ -294,12 +295,12 @@ K5_INLINE void scores_heads(const KvAttnRows *r, const Stream *st, int ns, const
 K5_TARGET void kv_attn_scores_avx512(const KvAttnRows *keys, const KvAttnQuery *q, int G, const uint8_t *k,
 				     int n, float scale, float *scores, int ld)
 {
-	if (keys->format == KV_ATTN_TQ && keys->tq.qjl_m > 0) {
+	if (keys->format == KV_FORMAT_TQ && keys->tq.qjl_m > 0) {
 		kv_attn_scores_avx2(keys, q, G, k, n, scale, scores, ld);
 		return;
 	}
 	Book bk[2];
-	if (keys->format == KV_ATTN_TQ) {
+	if (keys->format == KV_FORMAT_TQ) {
 		book_init(&bk[0], keys, 0);
 		book_init(&bk[1], keys, 1);
 	}
@@ -324,7 +325,7 @@ K5_TARGET void kv_attn_scores_avx512(const KvAttnRows *keys, const KvAttnQuery *
  * coordinates at a time with the keys inside, so the G x 2 accumulator
  * registers are loaded and stored once per chunk and block.
  */
-K5_INLINE void values_stream(const KvAttnRows *r, const Stream *st, float w[][KV_ATTN_MAX_KEYS], const int G,
+K5_INLINE void values_stream(const KvAttnRows *r, const Stream *st, float w[][KV_BLOCK_TOKENS], const int G,
 			     const uint8_t *v, int n, float *acc, int acc_ld)
 {
 	for (int i = 0; i < st->n; i += 32) {
@@ -362,7 +363,7 @@ K5_INLINE void values_stream(const KvAttnRows *r, const Stream *st, float w[][KV
 K5_INLINE void values_heads(const KvAttnRows *r, const Stream *st, int ns, const float *p, int ld, const int G,
 			    const uint8_t *v, int n, float *acc, int acc_ld)
 {
-	float w[KV_HEADS][KV_ATTN_MAX_KEYS]; /* p_gj, times the stream scale s_j for TQ */
+	float w[KV_HEADS][KV_BLOCK_TOKENS]; /* p_gj, times the stream scale s_j for TQ */
 	for (int s = 0; s < ns; s++) {
 		for (int j = 0; j < n; j++) {
 			float sc = st[s].book ? load_f16(v + (size_t)j * r->row_bytes + st[s].scale) : 1.0f;
@@ -377,7 +378,7 @@ K5_TARGET void kv_attn_values_avx512(const KvAttnRows *vals, const float *p, int
 				     int n, float *acc, int acc_ld)
 {
 	Book bk[2];
-	if (vals->format == KV_ATTN_TQ) {
+	if (vals->format == KV_FORMAT_TQ) {
 		book_init(&bk[0], vals, 0);
 		book_init(&bk[1], vals, 1);
 	}

@@ -17,6 +17,9 @@
 #define WARPS KVC_WARPS
 #define FULL_MASK 0xffffffffu
 
+/* Lane j of a warp scores key j of a block, and the softmax reduces over the warp. */
+static_assert(KV_BLOCK_TOKENS == 32, "a block's keys are one warp's lanes");
+
 /* ---- devices and plain memory ---- */
 
 extern "C" int cuda_device_count(void)
@@ -156,7 +159,7 @@ __global__ void kvc_prepare_kernel(KvcParams p, int64_t n_rows, const float *q, 
 	float *qo = qp + idx * p.dim;
 	float *so = sq + idx * (p.qjl_m ? p.qjl_m : 1);
 	const float scale = rsqrtf((float)p.dim);
-	if (p.kfmt == KVK_TQ) {
+	if (p.kfmt == KV_FORMAT_TQ) {
 		kvk_tq_query_prepare(&p.kc[head / p.group], qi, qo, so);
 		for (int i = 0; i < p.qjl_m; i++)
 			so[i] *= scale;
@@ -196,7 +199,7 @@ static __device__ __forceinline__ void score_plain(const float *qs, int dim, int
 #pragma unroll
 	for (int g = 0; g < MG; g++)
 		s[g] = 0.0f;
-	if constexpr (FMT == KVK_F16) {
+	if constexpr (FMT == KV_FORMAT_F16) {
 		/* 16-byte loads: rows are 2 * dim bytes, dim a multiple of 32 */
 		const uint4 *r4 = (const uint4 *)row;
 		for (int c = 0; c < dim / 8; c++) {
@@ -226,9 +229,9 @@ static __device__ __forceinline__ float value_at(const KvcParams &p, const KvkCo
 						 const uint8_t *row, int i)
 {
 	switch (p.vfmt) {
-	case KVK_TQ:
+	case KV_FORMAT_TQ:
 		return kvk_tq_value(&vc, row, i);
-	case KVK_F16:
+	case KV_FORMAT_F16:
 		return kvk_load_f16(row + 2 * i);
 	default:
 		return kvk_plain_value(p.vfmt, row, i);
@@ -262,7 +265,7 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 		for (int i = tid; i < G * m; i += blockDim.x)
 			sqs[i] = ssrc[i];
 	}
-	if (p.kfmt == KVK_TQ) {
+	if (p.kfmt == KV_FORMAT_TQ) {
 		for (int i = tid; i < kc.levels_hi; i += blockDim.x)
 			cbh[i] = kvk_floats(&kc, kc.cb_hi)[i];
 		for (int i = tid; i < kc.levels_lo; i += blockDim.x)
@@ -271,7 +274,7 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 	__syncthreads();
 
 	const int64_t ctx = row_ctx(rows, row);
-	const int64_t n_blk = (ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int64_t n_blk = (ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	const int64_t b0 = (int64_t)split * blocks_per_split;
 	const int64_t b1 = min(b0 + blocks_per_split, n_blk);
 	const int seq = (int)(row / rows.n_tok);
@@ -290,25 +293,25 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 
 	for (int64_t b = b0 + warp; b < b1; b += WARPS) {
 		const uint8_t *blk = head_base + b * p.block_bytes;
-		const int n_valid = (int)min((int64_t)CUDA_KV_BLOCK, ctx - b * CUDA_KV_BLOCK);
+		const int n_valid = (int)min((int64_t)KV_BLOCK_TOKENS, ctx - b * KV_BLOCK_TOKENS);
 		float s[MG];
 		if (lane < n_valid) {
 			const uint8_t *key = blk + (size_t)lane * p.kb;
 			switch (p.kfmt) {
-			case KVK_TQ:
+			case KV_FORMAT_TQ:
 				score_tq<MG>(kc, cbh, cbl, qs, sqs, G, key, s);
 				break;
-			case KVK_F16:
-				score_plain<KVK_F16, MG>(qs, dim, G, key, s);
+			case KV_FORMAT_F16:
+				score_plain<KV_FORMAT_F16, MG>(qs, dim, G, key, s);
 				break;
-			case KVK_F32:
-				score_plain<KVK_F32, MG>(qs, dim, G, key, s);
+			case KV_FORMAT_F32:
+				score_plain<KV_FORMAT_F32, MG>(qs, dim, G, key, s);
 				break;
-			case KVK_Q8_0:
-				score_plain<KVK_Q8_0, MG>(qs, dim, G, key, s);
+			case KV_FORMAT_Q8_0:
+				score_plain<KV_FORMAT_Q8_0, MG>(qs, dim, G, key, s);
 				break;
 			default:
-				score_plain<KVK_Q4_0, MG>(qs, dim, G, key, s);
+				score_plain<KV_FORMAT_Q4_0, MG>(qs, dim, G, key, s);
 				break;
 			}
 		} else {
@@ -340,7 +343,7 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 		}
 
 		/* values: lane owns dims lane + 32 c */
-		const uint8_t *vrows = blk + CUDA_KV_BLOCK * (size_t)p.kb;
+		const uint8_t *vrows = blk + KV_BLOCK_TOKENS * (size_t)p.kb;
 		for (int j = 0; j < n_valid; j++) {
 			const uint8_t *vr = vrows + (size_t)j * p.vb;
 			float val[DPL];
@@ -414,7 +417,7 @@ __global__ void kvc_combine_kernel(KvcParams p, KvcRows rows, int blocks_per_spl
 	const int64_t row = rh / p.n_heads;
 	const int i = threadIdx.x, stride = p.dim + 2;
 	/* splits past the row's context were not written */
-	const int64_t n_blk = (row_ctx(rows, row) + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int64_t n_blk = (row_ctx(rows, row) + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	const int used = (int)min((int64_t)n_splits, (n_blk + blocks_per_split - 1) / blocks_per_split);
 	const float *src = part + rh * n_splits * stride;
 
@@ -433,7 +436,7 @@ __global__ void kvc_combine_kernel(KvcParams p, KvcRows rows, int blocks_per_spl
 	a[i] = L > 0.0f ? A / L : 0.0f;
 	__syncthreads();
 	if (i == 0) {
-		if (p.vfmt == KVK_TQ) {
+		if (p.vfmt == KV_FORMAT_TQ) {
 			kvk_tq_output_finish(&p.vc[head / p.group], a, o);
 		} else {
 			for (int k = 0; k < p.dim; k++)

@@ -53,7 +53,6 @@ extern "C" {
 #define CUDA_KV_MAX_SEQS 64 /* sequences of one CudaKv (batch) */
 #define CUDA_KV_MAX_G 8     /* query heads per kv-head */
 #define CUDA_KV_MAX_ROWS 65535 /* query rows of one attend call: a grid dimension */
-#define CUDA_KV_BLOCK 32    /* tokens per block, as the CPU store */
 
 typedef struct CudaKv CudaKv;
 
@@ -67,7 +66,7 @@ typedef struct CudaKvShape {
 
 /* One side (K or V) of the layer. */
 typedef struct CudaKvSide {
-	int format;           /* KVK_F32 .. KVK_TQ */
+	int format;           /* KV_FORMAT_F32 .. KV_FORMAT_TQ */
 	bool hadamard;        /* +h (block formats, not TQ) */
 	const KvkCodec *tq;   /* TQ: (n_kv_heads,) codecs with host blobs; else NULL */
 } CudaKvSide;
@@ -94,6 +93,8 @@ CudaKv *cuda_kv_free(CudaKv *kv);
 uint32_t cuda_kv_row_bytes(const CudaKv *kv, bool values);
 size_t cuda_kv_block_bytes(const CudaKv *kv);
 size_t cuda_kv_bytes(const CudaKv *kv);
+/* Every byte of device memory kv holds: blocks, codecs, attention scratch. */
+size_t cuda_kv_memory_bytes(const CudaKv *kv);
 
 /*
  * Quantize and store n_tok tokens at positions pos0 .. of sequence seq:

@@ -23,11 +23,11 @@ __global__ void kvc_append_kernel(KvcParams p, int seq, int64_t pos0, int64_t n_
 
 	const float *x = (role ? v : k) + (t * p.n_kv_heads + head) * p.dim;
 	uint8_t *block = p.base + (((int64_t)seq * p.n_kv_heads + head) * p.capacity_blocks +
-				   pos / CUDA_KV_BLOCK) * p.block_bytes;
-	int j = (int)(pos % CUDA_KV_BLOCK);
-	uint8_t *row = role ? block + CUDA_KV_BLOCK * p.kb + (size_t)j * p.vb : block + (size_t)j * p.kb;
+				   pos / KV_BLOCK_TOKENS) * p.block_bytes;
+	int j = (int)(pos % KV_BLOCK_TOKENS);
+	uint8_t *row = role ? block + KV_BLOCK_TOKENS * p.kb + (size_t)j * p.vb : block + (size_t)j * p.kb;
 	int fmt = role ? p.vfmt : p.kfmt;
-	if (fmt == KVK_TQ)
+	if (fmt == KV_FORMAT_TQ)
 		kvk_tq_encode(&(role ? p.vc : p.kc)[head], x, row);
 	else
 		kvk_plain_store(fmt, role ? p.vhad : p.khad, p.dim, x, row);

@@ -29,6 +29,7 @@ struct CudaKv {
 	int n_sms;
 	KvkCodec *d_codecs;     /* (2, n_kv_heads): K then V */
 	uint8_t *d_blobs;
+	size_t blob_bytes;
 	float *scratch;         /* prepared queries and partials, grown as needed */
 	size_t scratch_bytes;
 };

@@ -27,17 +27,17 @@ static void set_msg(char *msg, size_t size, const char *fmt, ...)
 
 static uint32_t side_row_bytes(const CudaKvSide *s, int dim)
 {
-	return s->format == KVK_TQ ? s->tq[0].code_bytes : kvk_plain_row_bytes(s->format, dim);
+	return s->format == KV_FORMAT_TQ ? s->tq[0].code_bytes : kvk_plain_row_bytes(s->format, dim);
 }
 
 static int side_check(const CudaKvSide *s, const CudaKvShape *sh, const char *what, char *msg,
 		      size_t msg_size)
 {
-	if (s->format < KVK_F32 || s->format > KVK_TQ) {
+	if (s->format < KV_FORMAT_F32 || s->format > KV_FORMAT_TQ) {
 		set_msg(msg, msg_size, "%s: unknown format %d", what, s->format);
 		return -EINVAL;
 	}
-	if (s->format != KVK_TQ) {
+	if (s->format != KV_FORMAT_TQ) {
 		if (s->hadamard && (sh->dim & (sh->dim - 1))) {
 			set_msg(msg, msg_size, "%s: +h needs a power-of-two head_dim, not %d", what,
 				sh->dim);
@@ -78,17 +78,18 @@ static int codecs_upload(CudaKv *kv, const CudaKvSide *k, const CudaKvSide *v)
 	size_t blob_total = 0;
 	for (int s = 0; s < 2; s++) {
 		const CudaKvSide *side = s ? v : k;
-		for (int h = 0; side->format == KVK_TQ && h < nk; h++)
+		for (int h = 0; side->format == KV_FORMAT_TQ && h < nk; h++)
 			blob_total += (side->tq[h].blob_bytes + 15) & ~(size_t)15;
 	}
 	_cleanup_(freep) KvkCodec *host = calloc(2 * (size_t)nk, sizeof(KvkCodec));
 	if (!host || !(kv->d_codecs = cuda_alloc(2 * nk * sizeof(KvkCodec))) ||
 	    !(kv->d_blobs = cuda_alloc(blob_total ? blob_total : 16)))
 		return -ENOMEM;
+	kv->blob_bytes = blob_total;
 	size_t off = 0;
 	for (int s = 0; s < 2; s++) {
 		const CudaKvSide *side = s ? v : k;
-		for (int h = 0; side->format == KVK_TQ && h < nk; h++) {
+		for (int h = 0; side->format == KV_FORMAT_TQ && h < nk; h++) {
 			KvkCodec *c = &host[s * nk + h];
 			*c = side->tq[h];
 			int r = cuda_upload(kv->d_blobs + off, c->blob, c->blob_bytes);
@@ -140,15 +141,15 @@ int cuda_kv_new(const CudaKvShape *sh, const CudaKvSide *k, const CudaKvSide *v,
 	p->n_kv_heads = sh->n_kv_heads;
 	p->dim = sh->dim;
 	p->group = sh->n_heads / sh->n_kv_heads;
-	p->capacity_blocks = (sh->capacity + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	p->capacity_blocks = (sh->capacity + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	p->kb = side_row_bytes(k, sh->dim);
 	p->vb = side_row_bytes(v, sh->dim);
-	p->block_bytes = CUDA_KV_BLOCK * (p->kb + p->vb);
+	p->block_bytes = KV_BLOCK_TOKENS * (p->kb + p->vb);
 	p->kfmt = k->format;
 	p->vfmt = v->format;
 	p->khad = k->hadamard;
 	p->vhad = v->hadamard;
-	p->qjl_m = k->format == KVK_TQ && (k->tq[0].flags & KVK_FLAG_QJL) ? k->tq[0].qjl_m : 0;
+	p->qjl_m = k->format == KV_FORMAT_TQ && (k->tq[0].flags & KVK_FLAG_QJL) ? k->tq[0].qjl_m : 0;
 
 	/* zeroed: attention never reads past a row's context, session files might */
 	size_t bytes = cuda_kv_bytes(kv);
@@ -184,12 +185,18 @@ size_t cuda_kv_bytes(const CudaKv *kv)
 	       kv->p.block_bytes;
 }
 
+size_t cuda_kv_memory_bytes(const CudaKv *kv)
+{
+	return cuda_kv_bytes(kv) + 2 * (size_t)kv->shape.n_kv_heads * sizeof(KvkCodec) + kv->blob_bytes +
+	       kv->scratch_bytes;
+}
+
 void cuda_kv_set_split(CudaKv *kv, int blocks_per_split)
 {
 	kv->split_blocks = blocks_per_split > 0 ? blocks_per_split : 0;
 }
 
-/* The layout: (seq, kv-head, block), each block CUDA_KV_BLOCK K rows then as many V rows. */
+/* The layout: (seq, kv-head, block), each block KV_BLOCK_TOKENS K rows then as many V rows. */
 static uint8_t *block_ptr(const CudaKv *kv, int seq, int head, int64_t b)
 {
 	return kv->p.base + (((int64_t)seq * kv->p.n_kv_heads + head) * kv->p.capacity_blocks + b) *
@@ -253,7 +260,7 @@ int cuda_kv_attend(CudaKv *kv, const int64_t *pos0, int n_seqs, int64_t n_tok, c
 	const int64_t n_rows = (int64_t)n_seqs * n_tok;
 	if (n_rows > CUDA_KV_MAX_ROWS)
 		return -EINVAL;
-	const int64_t max_blocks = (max_ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int64_t max_blocks = (max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 
 	/* splits: enough thread blocks to fill the GPU about four times over */
 	int bps = kv->split_blocks;

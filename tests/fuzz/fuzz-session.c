@@ -78,7 +78,7 @@ static void check_state(const SessionState *s, const SessionExpect *e)
 		for (int i = 0; i < NH * D; i++)
 			q[i] = (float)((i % 7) - 3) * 0.1f;
 		for (int l = 0; l < NL; l++)
-			kvcache_attend(s->kv, NULL, l, n_kv - 1, 1, q, out);
+			CHECK(kvcache_attend(s->kv, NULL, l, n_kv - 1, 1, q, out) == 0);
 		free(q);
 		free(out);
 	}

@@ -169,12 +169,12 @@ int kvc_launch_append(const KvcParams *p, int seq, int64_t pos0, int64_t n_tok, 
 		int64_t pos = pos0 + t;
 		const float *x = (role ? v : k) + (t * p->n_kv_heads + head) * p->dim;
 		uint8_t *block = p->base + (((int64_t)seq * p->n_kv_heads + head) * p->capacity_blocks +
-					    pos / CUDA_KV_BLOCK) * p->block_bytes;
-		int j = (int)(pos % CUDA_KV_BLOCK);
-		uint8_t *row = role ? block + CUDA_KV_BLOCK * p->kb + (size_t)j * p->vb
+					    pos / KV_BLOCK_TOKENS) * p->block_bytes;
+		int j = (int)(pos % KV_BLOCK_TOKENS);
+		uint8_t *row = role ? block + KV_BLOCK_TOKENS * p->kb + (size_t)j * p->vb
 				    : block + (size_t)j * p->kb;
 		int fmt = role ? p->vfmt : p->kfmt;
-		if (fmt == KVK_TQ)
+		if (fmt == KV_FORMAT_TQ)
 			kvk_tq_encode(&(role ? p->vc : p->kc)[head], x, row);
 		else
 			kvk_plain_store(fmt, role ? p->vhad : p->khad, p->dim, x, row);
@@ -205,7 +205,7 @@ static void emul_prepare(const KvcParams *p, int64_t n_rows, const float *q, flo
 		const float *qi = q + idx * p->dim;
 		float *qo = qp + idx * p->dim;
 		float *so = sq + idx * (p->qjl_m ? p->qjl_m : 1);
-		if (p->kfmt == KVK_TQ) {
+		if (p->kfmt == KV_FORMAT_TQ) {
 			kvk_tq_query_prepare(&p->kc[head / p->group], qi, qo, so);
 			for (int i = 0; i < p->qjl_m; i++)
 				so[i] *= scale;
@@ -221,7 +221,7 @@ static void emul_prepare(const KvcParams *p, int64_t n_rows, const float *q, flo
 
 static float value_at(const KvcParams *p, const KvkCodec *vc, const uint8_t *row, int i)
 {
-	return p->vfmt == KVK_TQ ? kvk_tq_value(vc, row, i) : kvk_plain_value(p->vfmt, row, i);
+	return p->vfmt == KV_FORMAT_TQ ? kvk_tq_value(vc, row, i) : kvk_plain_value(p->vfmt, row, i);
 }
 
 /*
@@ -237,13 +237,13 @@ static void emul_split(const KvcParams *p, const EmulRows *rows, int bps, int n_
 	const float *qs = qp + (row * p->n_heads + kvh * G) * dim;        /* (G, dim) */
 	const float *sqs = sq + (row * p->n_heads + kvh * G) * (m ? m : 1); /* (G, m) */
 	const float *cbh = NULL, *cbl = NULL;
-	if (p->kfmt == KVK_TQ) {
+	if (p->kfmt == KV_FORMAT_TQ) {
 		cbh = kc->cb_hi >= 0 ? kvk_floats(kc, kc->cb_hi) : NULL;
 		cbl = kc->cb_lo >= 0 ? kvk_floats(kc, kc->cb_lo) : NULL;
 	}
 
 	const int64_t ctx = row_ctx(rows, row);
-	const int64_t n_blk = (ctx + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int64_t n_blk = (ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	const int64_t b0 = (int64_t)split * bps, b1 = MIN(b0 + bps, n_blk);
 	const int seq = (int)(row / rows->n_tok);
 	const uint8_t *head_base =
@@ -257,17 +257,17 @@ static void emul_split(const KvcParams *p, const EmulRows *rows, int bps, int n_
 	}
 	for (int64_t b = b0; b < b1; b++) {
 		const uint8_t *blk = head_base + b * p->block_bytes;
-		const int n_valid = (int)MIN((int64_t)CUDA_KV_BLOCK, ctx - b * CUDA_KV_BLOCK);
-		float s[CUDA_KV_BLOCK][CUDA_KV_MAX_G];
+		const int n_valid = (int)MIN((int64_t)KV_BLOCK_TOKENS, ctx - b * KV_BLOCK_TOKENS);
+		float s[KV_BLOCK_TOKENS][CUDA_KV_MAX_G];
 		for (int j = 0; j < n_valid; j++) {
 			const uint8_t *key = blk + (size_t)j * p->kb;
-			if (p->kfmt == KVK_TQ)
+			if (p->kfmt == KV_FORMAT_TQ)
 				kvk_tq_score_heads_8(kc, cbh, cbl, qs, sqs, G, key, s[j]);
 			else
 				for (int g = 0; g < G; g++)
 					s[j][g] = kvk_plain_score(p->kfmt, dim, qs + g * dim, key);
 		}
-		const uint8_t *vrows = blk + CUDA_KV_BLOCK * (size_t)p->kb;
+		const uint8_t *vrows = blk + KV_BLOCK_TOKENS * (size_t)p->kb;
 		for (int g = 0; g < G; g++) {
 			float bm = -INFINITY, sum = 0.0f;
 			for (int j = 0; j < n_valid; j++)
@@ -303,7 +303,7 @@ static void emul_combine(const KvcParams *p, const EmulRows *rows, int bps, int 
 {
 	const int head = (int)(rh % p->n_heads), dim = p->dim, stride = dim + 2;
 	const int64_t row = rh / p->n_heads;
-	const int64_t n_blk = (row_ctx(rows, row) + CUDA_KV_BLOCK - 1) / CUDA_KV_BLOCK;
+	const int64_t n_blk = (row_ctx(rows, row) + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	const int used = (int)MIN((int64_t)n_splits, (n_blk + bps - 1) / bps);
 	const float *src = part + rh * n_splits * stride;
 	float a[KVK_MAX_DIM];
@@ -324,7 +324,7 @@ static void emul_combine(const KvcParams *p, const EmulRows *rows, int bps, int 
 		a[i] = L > 0.0f ? A / L : 0.0f;
 	}
 	float *o = out + rh * dim;
-	if (p->vfmt == KVK_TQ) {
+	if (p->vfmt == KV_FORMAT_TQ) {
 		kvk_tq_output_finish(&p->vc[head / p->group], a, o);
 	} else {
 		memcpy(o, a, (size_t)dim * sizeof(float));

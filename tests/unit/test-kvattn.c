@@ -100,7 +100,7 @@ static void case_tq(Case *c, const char *name, int dim, uint64_t *st)
 }
 
 /* Random stored rows of a non-TQ format. */
-static void case_plain(Case *c, KvAttnFormat f, int dim, uint64_t *st)
+static void case_plain(Case *c, KvFormat f, int dim, uint64_t *st)
 {
 	memset(c, 0, sizeof(*c));
 	c->dim = dim;
@@ -110,8 +110,8 @@ static void case_plain(Case *c, KvAttnFormat f, int dim, uint64_t *st)
 	c->deq = malloc_array((size_t)NK * dim, sizeof(float));
 	c->q = malloc_array(GMAX, sizeof(KvAttnQuery));
 	ck_assert(c->k && c->deq && c->q);
-	KvType t = { .format = f == KV_ATTN_F32 ? KV_FORMAT_F32 : f == KV_ATTN_F16 ? KV_FORMAT_F16
-				: f == KV_ATTN_Q8_0 ? KV_FORMAT_Q8_0 : KV_FORMAT_Q4_0,
+	KvType t = { .format = f == KV_FORMAT_F32 ? KV_FORMAT_F32 : f == KV_FORMAT_F16 ? KV_FORMAT_F16
+				: f == KV_FORMAT_Q8_0 ? KV_FORMAT_Q8_0 : KV_FORMAT_Q4_0,
 		     .dim = dim };
 	for (int j = 0; j < NK; j++) {
 		float x[TQ_MAX_DIM];
@@ -232,10 +232,10 @@ static void check_case(const Case *c, const char *what, uint64_t *st)
 	for (size_t li = 0; li < ARRAY_SIZE(lens); li++)
 		for (size_t gi = 0; gi < ARRAY_SIZE(groups); gi++) {
 			int n = lens[li], G = groups[gi];
-			bool int8 = c->rows.format == KV_ATTN_TQ && c->rows.int8;
-			bool values = c->rows.format != KV_ATTN_TQ || c->rows.tq.qjl_m == 0;
+			bool int8 = c->rows.format == KV_FORMAT_TQ && c->rows.int8;
+			bool values = c->rows.format != KV_FORMAT_TQ || c->rows.tq.qjl_m == 0;
 			check_scores(c, what, kv_attn_scores_avx2, false, G, n);
-			if (c->rows.format == KV_ATTN_TQ)
+			if (c->rows.format == KV_FORMAT_TQ)
 				check_scores(c, what, kv_attn_scores_tq_int8_avx2, int8, G, n);
 			if (values)
 				check_values(c, what, kv_attn_values_avx2, G, n, st);
@@ -308,10 +308,10 @@ START_TEST(plain_kernels_match_reference)
 	if (!kv_attn_have_avx2())
 		return;
 	uint64_t st = test_seed() + 100;
-	static const struct { KvAttnFormat f; const char *name; int dim; } cases[] = {
-		{ KV_ATTN_F32, "f32", 64 }, { KV_ATTN_F32, "f32", 45 }, { KV_ATTN_F16, "f16", 64 },
-		{ KV_ATTN_F16, "f16", 37 }, { KV_ATTN_Q8_0, "q8_0", 64 }, { KV_ATTN_Q8_0, "q8_0", 96 },
-		{ KV_ATTN_Q4_0, "q4_0", 64 }, { KV_ATTN_Q4_0, "q4_0", 128 },
+	static const struct { KvFormat f; const char *name; int dim; } cases[] = {
+		{ KV_FORMAT_F32, "f32", 64 }, { KV_FORMAT_F32, "f32", 45 }, { KV_FORMAT_F16, "f16", 64 },
+		{ KV_FORMAT_F16, "f16", 37 }, { KV_FORMAT_Q8_0, "q8_0", 64 }, { KV_FORMAT_Q8_0, "q8_0", 96 },
+		{ KV_FORMAT_Q4_0, "q4_0", 64 }, { KV_FORMAT_Q4_0, "q4_0", 128 },
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
 		Case c;
@@ -496,8 +496,8 @@ START_TEST(timing)
 #endif
 		case_free(&c);
 	}
-	static const struct { KvAttnFormat f; const char *name; } plain[] = {
-		{ KV_ATTN_F16, "f16" }, { KV_ATTN_Q8_0, "q8_0" }, { KV_ATTN_Q4_0, "q4_0" },
+	static const struct { KvFormat f; const char *name; } plain[] = {
+		{ KV_FORMAT_F16, "f16" }, { KV_FORMAT_Q8_0, "q8_0" }, { KV_FORMAT_Q4_0, "q4_0" },
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(plain); i++) {
 		Case c;

@@ -17,14 +17,14 @@
 #include "engine/kv/kvtype.h"
 #include "tests/unit/testutil.h"
 
-enum { BT = KVPK_BLOCK, D = 64, P = D / 2 };
+enum { BT = KV_BLOCK_TOKENS, D = 64, P = D / 2 };
 
 static KvPk codec(const char *name)
 {
 	KvType t;
 	ck_assert_int_eq(kvtype_from_name(name, KV_ROLE_K, D, &t, NULL), 0);
 	KvPk pk;
-	ck_assert_int_eq(kvpk_init(&pk, D, t.pk_bits, kvtype_vec_bytes(&t)), 0);
+	ck_assert_int_eq(kvpk_init(&pk, D, t.code_bits), 0);
 	return pk;
 }
 
@@ -44,7 +44,7 @@ static double sigma_of(uint8_t s)
 /* The header's definition, checked on one coded block of rows x (BT, D) and weights w. */
 static void check_block(const KvPk *pk, const float *x, const float *w, const uint8_t *blk)
 {
-	const uint8_t *scales = blk + BT * (pk->code_bits / 8), *nib = scales + P;
+	const uint8_t *scales = blk + BT * (pk->rows.code_bits / 8), *nib = scales + P;
 	int bits[P], sum = 0;
 	double sig[P];
 	for (int i = 0; i < P; i++) {
@@ -60,7 +60,7 @@ static void check_block(const KvPk *pk, const float *x, const float *w, const ui
 		ck_assert_int_le(bits[i], KVPK_MAX_BITS);
 		sum += bits[i];
 	}
-	ck_assert_int_eq(sum, pk->code_bits / 2);
+	ck_assert_int_eq(sum, pk->rows.code_bits / 2);
 	/* water filling: no bit would do more elsewhere than where it is */
 	for (int i = 0; i < P; i++)
 		for (int j = 0; j < P; j++) {
@@ -85,18 +85,18 @@ static void check_block(const KvPk *pk, const float *x, const float *w, const ui
 			}
 			col += (size_t)BT * b;
 			if (b > 0 && sig[j / 2] > 0)
-				ck_assert_msg(y[j] == (float)(sig[j / 2] * pk->centroids[b][code]) ||
-					      fabsf(y[j] - (float)sig[j / 2] * pk->centroids[b][code]) <=
+				ck_assert_msg(y[j] == (float)(sig[j / 2] * pk->rows.centroids[b][code]) ||
+					      fabsf(y[j] - (float)sig[j / 2] * pk->rows.centroids[b][code]) <=
 						      1e-6f * fabsf(y[j]),
 					      "row %d coord %d: %g, its code %u reads %g", t, j, y[j], code,
-					      sig[j / 2] * pk->centroids[b][code]);
+					      sig[j / 2] * pk->rows.centroids[b][code]);
 			if (b == 0 || sig[j / 2] == 0) {
 				ck_assert(y[j] == 0.0f);
 				continue;
 			}
 			double u = x[t * D + j] / sig[j / 2], best = INFINITY;
 			for (int c = 0; c < (1 << b); c++)
-				best = fmin(best, fabs(u - pk->centroids[b][c]));
+				best = fmin(best, fabs(u - pk->rows.centroids[b][c]));
 			double got = fabs(u - y[j] / sig[j / 2]);
 			ck_assert_msg(got <= best + 1e-5, "row %d coord %d: %g from the nearest %g", t, j, got, best);
 		}
@@ -127,7 +127,7 @@ START_TEST(block_follows_definition)
 		float q[3 * D], scores[3 * BT];
 		for (int i = 0; i < 3 * D; i++)
 			q[i] = test_rand_normal(&st);
-		kvpk_scores(&pk, blk, q, 3, 20, 0.125f, scores, BT);
+		kv_attn_pk_scores_ref(&pk.rows, blk, q, 3, 20, 0.125f, scores, BT);
 		for (int t = 0; t < 20; t++) {
 			float y[D];
 			kvpk_decode_row(&pk, blk, t, y);
@@ -142,7 +142,7 @@ START_TEST(block_follows_definition)
 		}
 
 		/* side data that cannot be read */
-		uint8_t *nib = blk + BT * (pk.code_bits / 8) + P;
+		uint8_t *nib = blk + BT * (pk.rows.code_bits / 8) + P;
 		uint8_t keep = nib[0];
 		nib[0] = (uint8_t)((keep & 0xf0) | 9);
 		ck_assert(!kvpk_block_coded(&pk, blk));
@@ -170,7 +170,7 @@ START_TEST(short_block)
 	uint8_t *blk = calloc(BT, pk.row_bytes), *whole = calloc(BT, pk.row_bytes);
 	ck_assert(blk && whole);
 	kvpk_encode_block(&pk, x, 7, NULL, w, blk);
-	const uint8_t *scales = blk + BT * (pk.code_bits / 8);
+	const uint8_t *scales = blk + BT * (pk.rows.code_bits / 8);
 	for (int i = 0; i < P; i++) {
 		double e = 0;
 		for (int t = 0; t < 7; t++)
@@ -221,7 +221,7 @@ START_TEST(beats_tq_on_uneven_pairs)
 	for (int b = 0; b < BLOCKS; b++) {
 		rows_fill(&st, sd, x, BT);
 		kvpk_encode_block(&pk, x, BT, NULL, w, blk);
-		const uint8_t *scales = blk + BT * (pk.code_bits / 8), *nib = scales + P;
+		const uint8_t *scales = blk + BT * (pk.rows.code_bits / 8), *nib = scales + P;
 		for (int i = 0; i < P; i++)
 			theory += 2 * BT * w[i] * pow(sigma_of(scales[i]), 2) * pk.mse[(nib[i / 2] >> (4 * (i % 2))) & 15];
 		for (int r = 0; r < BT; r++) {

@@ -18,8 +18,9 @@
 #include <string.h>
 
 #include "engine/codec/kvpk.h"
-#include "engine/kv/kvquant.h"
 #include "engine/codec/rotation.h"
+#include "engine/kv/fmt_tq.h"
+#include "engine/kv/kvquant.h"
 #include "engine/kv/kvstore.h"
 #include "engine/model/model.h"
 #include "engine/text/tokenizer.h"
@@ -45,7 +46,7 @@ typedef struct Inputs {
 	float *k, *v, *q;
 } Inputs;
 
-/* kvstore.h's seed derivation, written out again from the header. */
+/* fmt_tq.h's seed derivation, written out again from the header. */
 static void expect_seeds(uint64_t seed, int layer, int head, int role, uint64_t *rot, uint64_t *qjl)
 {
 	uint64_t key = (uint64_t)layer << 32 | (uint64_t)head << 1 | (uint64_t)role;
@@ -61,7 +62,7 @@ static void expect_seeds(uint64_t seed, int layer, int head, int role, uint64_t 
 static TqCodec *side_codec(const KvCache *kv, const KvType *t, int layer, int head, KvRole role)
 {
 	TqDesc desc;
-	ck_assert_int_eq(kvstore_tq_desc(kv, layer, head, role, &desc), 0);
+	ck_assert_int_eq(kvtq_side_desc(kv, layer, head, role, &desc), 0);
 	uint64_t rot, qjl;
 	expect_seeds(kvstore_seed(kv), layer, head, role, &rot, &qjl);
 	ck_assert_uint_eq(desc.rot_seed, rot);
@@ -74,16 +75,45 @@ static TqCodec *side_codec(const KvCache *kv, const KvType *t, int layer, int he
 	return c;
 }
 
+/* What the model does per layer of a batch: show the cache the queries, then append. */
+static int observe_append(KvCache *kv, int layer, int64_t pos0, int64_t n, const float *k,
+			  const float *v, const float *q)
+{
+	kvcache_observe(kv, layer, pos0, n, q);
+	return kvcache_append(kv, layer, pos0, n, k, v);
+}
+
+/* The session record of (layer, head, role) for n tokens (malloc'ed): the state a format keeps. */
+static uint8_t *side_record(const KvCache *kv, int layer, int head, KvRole role, int64_t n)
+{
+	const KvCacheFileOps *fo = kvcache_file(kv);
+	uint8_t *rec = malloc(fo->record_bytes(kv, layer, head, role, n) + 1);
+	ck_assert_ptr_nonnull(rec);
+	ck_assert_int_eq(fo->record_save(kv, layer, head, role, n, rec, NULL), 0);
+	return rec;
+}
+
+/* kvcenter.h's record read as documented: chosen, mu (d,), the keys of block 0 (32, d). */
+static const uint8_t *read_center(const uint8_t *rec, int d, bool *chosen, float *mu, float *first)
+{
+	*chosen = get_le(rec, 4) == 1;
+	ck_assert_uint_eq(get_le(rec, 4) | 1, 1);
+	ck_assert_uint_eq(get_le(rec + 4, 4), 0);
+	memcpy(mu, rec + 8, (size_t)d * sizeof(float));
+	memcpy(first, rec + 8 + 4 * d, (size_t)KV_BLOCK_TOKENS * d * sizeof(float));
+	return rec + 8 + (size_t)(1 + KV_BLOCK_TOKENS) * d * 4;
+}
+
 /*
- * kvtype.h's mu of a +c key side, written out again: the mean in double
- * of the keys k (n, d, stride) at positions 1..31, rounded to float.
- * Checked bit for bit against what the cache chose, and its copy of the
- * keys of block 0 against k.
+ * kvcenter.h's mu of a centered key side, written out again: the mean in
+ * double of the keys k (n, d, stride) at positions 1..31, rounded to
+ * float. Checked bit for bit against what the cache chose (its session
+ * record), and its copy of the keys of block 0 against k.
  */
 static void expect_center(const KvCache *kv, int layer, int head, const float *k, size_t stride,
-			  float *mu)
+			  int64_t n_kv, float *mu)
 {
-	enum { BT = KVSTORE_BLOCK_TOKENS };
+	enum { BT = KV_BLOCK_TOKENS };
 	int d = kv->shape.head_dim;
 	for (int i = 0; i < d; i++) {
 		double sum = 0;
@@ -93,7 +123,9 @@ static void expect_center(const KvCache *kv, int layer, int head, const float *k
 	}
 	float got[TQ_MAX_DIM], first[BT * TQ_MAX_DIM];
 	bool chosen = false;
-	ck_assert_int_eq(kvstore_key_center(kv, layer, head, &chosen, got, first), 0);
+	uint8_t *rec = side_record(kv, layer, head, KV_ROLE_K, n_kv);
+	read_center(rec, d, &chosen, got, first);
+	free(rec);
 	ck_assert(chosen);
 	ck_assert_msg(memcmp(got, mu, (size_t)d * sizeof(float)) == 0, "layer %d head %d: mu differs",
 		      layer, head);
@@ -115,13 +147,13 @@ static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, i
 	size_t kb = kvtype_vec_bytes(&kvstore_layer_types(kv, layer)->k);
 	size_t vb = kvtype_vec_bytes(t);
 	size_t bytes = role == KV_ROLE_K ? kb : vb;
-	const uint8_t *blk = kvstore_block(kv, layer, head, p / KVSTORE_BLOCK_TOKENS);
+	const uint8_t *blk = kvstore_block(kv, layer, head, p / KV_BLOCK_TOKENS);
 	ck_assert_ptr_nonnull(blk);
-	size_t i = (size_t)(p % KVSTORE_BLOCK_TOKENS);
-	const uint8_t *row = role == KV_ROLE_K ? blk + i * kb : blk + KVSTORE_BLOCK_TOKENS * kb + i * vb;
+	size_t i = (size_t)(p % KV_BLOCK_TOKENS);
+	const uint8_t *row = role == KV_ROLE_K ? blk + i * kb : blk + KV_BLOCK_TOKENS * kb + i * vb;
 	float stored[TQ_MAX_DIM];
 	for (int c = 0; c < d; c++)
-		stored[c] = !mu ? src[c] : p < KVSTORE_BLOCK_TOKENS ? 0.0f : src[c] - mu[c];
+		stored[c] = !mu ? src[c] : p < KV_BLOCK_TOKENS ? 0.0f : src[c] - mu[c];
 	uint8_t want[TQ_MAX_CODE_BYTES + 4 * TQ_MAX_DIM];
 	memset(want, 0, sizeof(want));
 	if (codec)
@@ -136,7 +168,7 @@ static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, i
 		kvquant_load(t, row, x);
 	if (mu)
 		for (int c = 0; c < d; c++)
-			x[c] = p < KVSTORE_BLOCK_TOKENS ? src[c] : x[c] + mu[c];
+			x[c] = p < KV_BLOCK_TOKENS ? src[c] : x[c] + mu[c];
 }
 
 /*
@@ -150,13 +182,18 @@ static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, i
 static void load_pk(const KvCache *kv, int layer, int head, const float *k, size_t stride,
 		    const float *q, int64_t n, const float *mu, float *x)
 {
-	enum { BT = KVSTORE_BLOCK_TOKENS };
+	enum { BT = KV_BLOCK_TOKENS };
 	const KvCacheShape *sh = &kv->shape;
 	const KvType *t = &kvstore_layer_types(kv, layer)->k;
 	int d = sh->head_dim, G = sh->n_heads / sh->n_kv_heads;
-	float qe[BT * TQ_MAX_DIM / 2], w[TQ_MAX_DIM / 2], tail[2 * BT * TQ_MAX_DIM];
+	float w[TQ_MAX_DIM / 2], first[BT * TQ_MAX_DIM], mu_rec[TQ_MAX_DIM];
 	bool chosen = false;
-	ck_assert_int_eq(kvstore_pk_state(kv, layer, head, n, &chosen, qe, w, tail), 0);
+	/* fmt_pk.c's record: kvcenter.h's, then chosen, 0, w */
+	uint8_t *rec = side_record(kv, layer, head, KV_ROLE_K, n);
+	const uint8_t *at = read_center(rec, d, &chosen, mu_rec, first);
+	chosen = get_le(at, 4) == 1;
+	memcpy(w, at + 8, (size_t)d / 2 * sizeof(float));
+	free(rec);
 	ck_assert(chosen == (n >= BT));
 	for (int i = 0; chosen && i < d / 2; i++) {
 		double want = 0;
@@ -170,7 +207,7 @@ static void load_pk(const KvCache *kv, int layer, int head, const float *k, size
 			      layer, head, i, w[i], want);
 	}
 	KvPk pk;
-	ck_assert_int_eq(kvpk_init(&pk, d, t->pk_bits, kvtype_vec_bytes(t)), 0);
+	ck_assert_int_eq(kvpk_init(&pk, d, t->code_bits), 0);
 	size_t kbytes = BT * kvtype_vec_bytes(t);
 	uint8_t *want = malloc(kbytes);
 	float *rows = malloc(sizeof(float) * BT * d);
@@ -249,15 +286,17 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 		int64_t n = batches[b];
 		for (int l = 0; l < sh->n_layers; l++) {
 			const float *k = in->k + (size_t)l * in->n * row, *v = in->v + (size_t)l * in->n * row;
-			ck_assert_int_eq(kvcache_append(kv, l, pos0, n, k + pos0 * row, v + pos0 * row), 0);
-			kvcache_attend(kv, tp, l, pos0, n, in->q + pos0 * H * d, out + pos0 * H * d);
+			ck_assert_int_eq(observe_append(kv, l, pos0, n, k + pos0 * row, v + pos0 * row,
+							in->q + pos0 * H * d), 0);
+			ck_assert_int_eq(kvcache_attend(kv, tp, l, pos0, n, in->q + pos0 * H * d,
+							out + pos0 * H * d), 0);
 			const KvLayerTypes *lt = &plan->layers[l];
 			for (int h = 0; h < KVH; h++) {
 				TqCodec *kc = lt->k.format == KV_FORMAT_TQ ? side_codec(kv, &lt->k, l, h, KV_ROLE_K) : NULL;
 				TqCodec *vc = lt->v.format == KV_FORMAT_TQ ? side_codec(kv, &lt->v, l, h, KV_ROLE_V) : NULL;
 				float mu[TQ_MAX_DIM] = { 0 };
-				if (lt->k.centered && pos0 + n >= KVSTORE_BLOCK_TOKENS)
-					expect_center(kv, l, h, k + h * d, row, mu);
+				if (lt->k.centered && pos0 + n >= KV_BLOCK_TOKENS)
+					expect_center(kv, l, h, k + h * d, row, pos0 + n, mu);
 				bool pk = lt->k.format == KV_FORMAT_PK;
 				if (pk)
 					load_pk(kv, l, h, k + h * d, row, in->q, pos0 + n, mu, kd);
@@ -269,8 +308,8 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 				}
 				for (int64_t t = pos0; t < pos0 + n; t++) {
 					/* pk: a query reads its own block exact (kvpk.h) */
-					int64_t own = t / KVSTORE_BLOCK_TOKENS * KVSTORE_BLOCK_TOKENS;
-					float saved[KVSTORE_BLOCK_TOKENS * TQ_MAX_DIM];
+					int64_t own = t / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
+					float saved[KV_BLOCK_TOKENS * TQ_MAX_DIM];
 					if (pk && own > 0) {
 						memcpy(saved, kd + own * d, sizeof(float) * (size_t)(t - own + 1) * d);
 						for (int64_t p = own; p <= t; p++)
@@ -440,11 +479,12 @@ START_TEST(centered_split_invariant_and_better)
 	KvCache *a = NULL, *b = NULL;
 	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
 	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &b, NULL), 0);
-	ck_assert_int_eq(kvcache_append(a, 0, 0, N, in.k, in.v), 0);
+	ck_assert_int_eq(observe_append(a, 0, 0, N, in.k, in.v, in.q), 0);
 	kvcache_attend(a, NULL, 0, 0, N, in.q, whole);
 	int64_t pos = 0;
 	for (size_t i = 0; i < ARRAY_SIZE(pieces); i++) {
-		ck_assert_int_eq(kvcache_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row), 0);
+		ck_assert_int_eq(observe_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row,
+						 in.q + pos * qrow), 0);
 		kvcache_attend(b, NULL, 0, pos, pieces[i], in.q + pos * qrow, split + pos * qrow);
 		pos += pieces[i];
 		kvcache_set_n_tokens(b, pos);
@@ -466,7 +506,7 @@ START_TEST(centered_split_invariant_and_better)
 		ck_assert_int_eq(kvplan_from_text(specs3[sidx], sh->n_layers, sh->n_kv_heads, d, &plan, NULL), 0);
 		ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
 		out[sidx] = malloc(sizeof(float) * RN * qrow);
-		ck_assert_int_eq(kvcache_append(a, 0, 0, RN, in.k, in.v), 0);
+		ck_assert_int_eq(observe_append(a, 0, 0, RN, in.k, in.v, in.q), 0);
 		kvcache_attend(a, NULL, 0, 0, RN, in.q, out[sidx]);
 		kvcache_free(a);
 		kvplan_free(plan);
@@ -505,12 +545,13 @@ START_TEST(pk_split_and_rewind)
 	KvCache *a = NULL, *b = NULL;
 	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
 	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &b, NULL), 0);
-	ck_assert_int_eq(kvcache_append(a, 0, 0, RN, in.k, in.v), 0);
+	ck_assert_int_eq(observe_append(a, 0, 0, RN, in.k, in.v, in.q), 0);
 	kvcache_attend(a, NULL, 0, 0, RN, in.q, whole);
 	kvcache_set_n_tokens(a, RN);
 	int64_t pos = 0;
 	for (size_t i = 0; i < ARRAY_SIZE(pieces); i++) {
-		ck_assert_int_eq(kvcache_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row), 0);
+		ck_assert_int_eq(observe_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row,
+						 in.q + pos * qrow), 0);
 		kvcache_attend(b, NULL, 0, pos, pieces[i], in.q + pos * qrow, other + pos * qrow);
 		pos += pieces[i];
 		kvcache_set_n_tokens(b, pos);
@@ -523,7 +564,8 @@ START_TEST(pk_split_and_rewind)
 
 	/* back to 70, inside the last coded block (64..95): exact */
 	kvcache_set_n_tokens(b, 70);
-	ck_assert_int_eq(kvcache_append(b, 0, 70, RN - 70, in.k + 70 * row, in.v + 70 * row), 0);
+	ck_assert_int_eq(observe_append(b, 0, 70, RN - 70, in.k + 70 * row, in.v + 70 * row,
+					 in.q + 70 * qrow), 0);
 	kvcache_attend(b, NULL, 0, 70, RN - 70, in.q + 70 * qrow, other + 70 * qrow);
 	ck_assert(memcmp(whole, other, sizeof(float) * RN * qrow) == 0);
 
@@ -532,7 +574,8 @@ START_TEST(pk_split_and_rewind)
 	for (int rep = 0; rep < 2; rep++) {
 		KvCache *c = rep ? a : b;
 		kvcache_set_n_tokens(c, 40);
-		ck_assert_int_eq(kvcache_append(c, 0, 40, RN - 40, in.k + 40 * row, in.v + 40 * row), 0);
+		ck_assert_int_eq(observe_append(c, 0, 40, RN - 40, in.k + 40 * row, in.v + 40 * row,
+						 in.q + 40 * qrow), 0);
 		kvcache_attend(c, NULL, 0, 40, RN - 40, in.q + 40 * qrow, (rep ? whole : other) + 40 * qrow);
 	}
 	ck_assert(memcmp(whole, other, sizeof(float) * RN * qrow) == 0); /* deterministic */
@@ -540,7 +583,7 @@ START_TEST(pk_split_and_rewind)
 	float *fresh = malloc(sizeof(float) * RN * qrow), *exact = malloc(sizeof(float) * RN * qrow);
 	KvCache *c = NULL, *f = NULL;
 	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &c, NULL), 0);
-	ck_assert_int_eq(kvcache_append(c, 0, 0, RN, in.k, in.v), 0);
+	ck_assert_int_eq(observe_append(c, 0, 0, RN, in.k, in.v, in.q), 0);
 	kvcache_attend(c, NULL, 0, 0, RN, in.q, fresh);
 	ck_assert_int_eq(kvcache_new_f32(sh, &f), 0);
 	ck_assert_int_eq(kvcache_append(f, 0, 0, RN, in.k, in.v), 0);
@@ -596,34 +639,47 @@ START_TEST(pk_abandoned_rows)
 	ck_assert_int_eq(kvplan_from_text("pk4:tq3", 1, 2, d, &plan, NULL), 0);
 	KvCache *a = NULL, *b = NULL;
 	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 3, &a, NULL), 0);
-	ck_assert_int_eq(kvcache_append(a, 0, 0, KEEP, k, v), 0);
+	ck_assert_int_eq(observe_append(a, 0, 0, KEEP, k, v, q), 0);
 	kvcache_attend(a, NULL, 0, 0, KEEP, q, out);
 	kvcache_set_n_tokens(a, KEEP);
 	/* the abandoned evaluation: 150 more rows, attended, never committed */
-	ck_assert_int_eq(kvcache_append(a, 0, KEEP, 150, k + KEEP * row, v + KEEP * row), 0);
+	ck_assert_int_eq(observe_append(a, 0, KEEP, 150, k + KEEP * row, v + KEEP * row, q + KEEP * qrow), 0);
 	kvcache_attend(a, NULL, 0, KEEP, 150, q + KEEP * qrow, out);
 
-	/* a copy by the session route: blocks, mu and block 0, the pk state */
+	/* a copy by the session route (KvCacheFileOps): the blocks as a file holds them, then the records */
 	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 3, &b, NULL), 0);
-	for (int h = 0; h < 2; h++) {
-		for (int64_t blk = 0; blk * 32 < KEEP; blk++)
-			ck_assert_int_eq(kvstore_block_put(b, 0, h, blk, kvstore_block(a, 0, h, blk),
-							   kvstore_block_bytes(a, 0)), 0);
-		float mu[33 * 64], qe[16 * 64], w[32], tail[64 * 64];
-		bool chosen;
-		ck_assert_int_eq(kvstore_key_center(a, 0, h, &chosen, mu, mu + d), 0);
-		ck_assert_int_eq(kvstore_key_center_put(b, 0, h, chosen, mu, mu + d), 0);
-		ck_assert_int_eq(kvstore_pk_state(a, 0, h, KEEP, &chosen, qe, w, tail), 0);
-		ck_assert(chosen);
-		for (int i = 0; i < (KEEP - 64) * d; i++) /* rows 64..99: near the keys, not exact */
-			ck_assert(isfinite(tail[i]) && fabsf(tail[i] - k[(64 + i / d) * row + h * d + i % d]) < 1.5f);
-		ck_assert_int_eq(kvstore_pk_put(b, 0, h, KEEP, chosen, NULL, w, tail), 0);
-	}
+	const KvCacheFileOps *fo = kvcache_file(a);
+	size_t bb = fo->block_bytes(a, 0);
+	uint8_t *blk = malloc(bb);
+	ck_assert_ptr_nonnull(blk);
+	for (int h = 0; h < 2; h++)
+		for (int64_t i = 0; i * 32 < KEEP; i++) {
+			fo->block_save(a, 0, h, i, KEEP, blk);
+			ck_assert_int_eq(fo->block_load(b, 0, h, i, KEEP, blk), 0);
+		}
+	free(blk);
+	for (int h = 0; h < 2; h++)
+		for (int role = 0; role < 2; role++) {
+			uint8_t *rec = side_record(a, 0, h, (KvRole)role, KEEP);
+			if (role == KV_ROLE_K) {
+				/* fmt_pk.c's record: center, chosen, 0, w (32), then rows 64..99 */
+				const uint8_t *p = rec + 8 + 33 * 64 * 4;
+				ck_assert_uint_eq(get_le(p, 4), 1);
+				const uint8_t *tail = p + 8 + 32 * 4;
+				for (int i = 0; i < (KEEP - 64) * d; i++) { /* read from the codes: near, not exact */
+					float x;
+					memcpy(&x, tail + 4 * i, 4);
+					ck_assert(isfinite(x) && fabsf(x - k[(64 + i / d) * row + h * d + i % d]) < 1.5f);
+				}
+			}
+			ck_assert_int_eq(fo->record_load(b, 0, h, role, KEEP, rec, NULL), 0);
+			free(rec);
+		}
 	kvcache_set_n_tokens(b, KEEP);
 	/* both continue from 100 with other rows: the same outputs */
 	for (int c = 0; c < 2; c++) {
 		KvCache *kv = c ? b : a;
-		ck_assert_int_eq(kvcache_append(kv, 0, KEEP, MORE, k + 200 * row, v + 200 * row), 0);
+		ck_assert_int_eq(observe_append(kv, 0, KEEP, MORE, k + 200 * row, v + 200 * row, q + 200 * qrow), 0);
 		kvcache_attend(kv, NULL, 0, KEEP, MORE, q + 200 * qrow, c ? o2 : o1);
 	}
 	ck_assert(memcmp(o1, o2, sizeof(float) * MORE * qrow) == 0);
@@ -636,6 +692,109 @@ START_TEST(pk_abandoned_rows)
 	free(out);
 	free(o1);
 	free(o2);
+}
+END_TEST
+
+/*
+ * Attention only reads: for types that learn (pk's weights), choose (TQ
+ * outlier masks) or keep exact rows (+c, pk's stage), the blocks and the
+ * session records are the same whether each batch was attended once,
+ * twice or not at all. And a cache reports every byte it holds: the
+ * scratch attention leaves behind and the formats' state count.
+ */
+START_TEST(attention_only_reads)
+{
+	static const char *const learn_specs[] = { "pk4:tq3_nc", "tq3.5o+c:tq3.5o", "q4_0+h+c:f16" };
+	Inputs in = random_inputs(test_seed() + 55);
+	const KvCacheShape *sh = &in.shape;
+	int d = sh->head_dim, H = sh->n_heads;
+	size_t row = (size_t)sh->n_kv_heads * d, qrow = (size_t)H * d;
+	float *out = malloc(sizeof(float) * RN * qrow);
+	ck_assert_ptr_nonnull(out);
+	for (size_t i = 0; i < ARRAY_SIZE(learn_specs); i++) {
+		KvPlan *plan = NULL;
+		ck_assert_int_eq(kvplan_from_text(learn_specs[i], RL, RKVH, RD, &plan, NULL), 0);
+		KvCache *kv[3];
+		size_t before = 0, after = 0;
+		for (int a = 0; a < 3; a++) { /* attended 0, 1 or 2 times per batch */
+			ck_assert_int_eq(kvcache_new_quant(sh, plan, 5, &kv[a], NULL), 0);
+			int64_t pos = 0;
+			for (size_t b = 0; b < ARRAY_SIZE(batches); b++) {
+				for (int l = 0; l < RL; l++) {
+					size_t at = (size_t)l * RN * row + (size_t)pos * row;
+					ck_assert_int_eq(observe_append(kv[a], l, pos, batches[b], in.k + at, in.v + at,
+									in.q + pos * qrow), 0);
+					if (a == 1 && l == 0 && b == 0)
+						before = kvcache_memory_bytes(kv[a]);
+					for (int rep = 0; rep < a; rep++)
+						ck_assert_int_eq(kvcache_attend(kv[a], NULL, l, pos, batches[b],
+										in.q + pos * qrow, out), 0);
+					if (a == 1 && l == 0 && b == 0)
+						after = kvcache_memory_bytes(kv[a]);
+				}
+				pos += batches[b];
+				kvcache_set_n_tokens(kv[a], pos);
+			}
+		}
+		const KvCacheFileOps *fo = kvcache_file(kv[0]);
+		for (int l = 0; l < RL; l++)
+			for (int h = 0; h < RKVH; h++) {
+				for (int64_t b = 0; b < 3; b++)
+					for (int a = 1; a < 3; a++)
+						ck_assert_msg(memcmp(kvstore_block(kv[0], l, h, b), kvstore_block(kv[a], l, h, b),
+								     kvstore_block_bytes(kv[0], l)) == 0,
+							      "%s: layer %d head %d block %lld after %d attentions", learn_specs[i],
+							      l, h, (long long)b, a);
+				for (int role = 0; role < 2; role++) {
+					size_t n = fo->record_bytes(kv[0], l, h, role, RN);
+					uint8_t *r0 = side_record(kv[0], l, h, (KvRole)role, RN);
+					for (int a = 1; a < 3; a++) {
+						ck_assert_uint_eq(fo->record_bytes(kv[a], l, h, role, RN), n);
+						uint8_t *ra = side_record(kv[a], l, h, (KvRole)role, RN);
+						ck_assert_msg(memcmp(r0, ra, n) == 0, "%s: layer %d head %d %c record",
+							      learn_specs[i], l, h, role ? 'V' : 'K');
+						free(ra);
+					}
+					free(r0);
+				}
+			}
+		/* memory: blocks, the formats' state, and the scratch the first attention left */
+		size_t mem = kvcache_memory_bytes(kv[1]);
+		ck_assert_uint_gt(mem, kvstore_bytes_allocated(kv[1]));
+		ck_assert_uint_gt(after, before);
+		for (int a = 0; a < 3; a++)
+			kvcache_free(kv[a]);
+		kvplan_free(plan);
+	}
+	free(out);
+	inputs_free(&in);
+}
+END_TEST
+
+/* "f32" is one thing: a plan of f32 everywhere is the exact f32 cache however it is written. */
+START_TEST(f32_is_one_cache)
+{
+	static const struct { const char *spec; bool exact; } cases[] = {
+		{ "f32", true }, { "f32:f32", true }, { "f32,0=f32,-1=f32:f32", true },
+		{ "f32,0=f16", false }, { "f32+h", false }, { "f32+c:f32", false },
+	};
+	KvCacheShape sh = { .n_layers = RL, .n_heads = RH, .n_kv_heads = RKVH, .head_dim = RD, .capacity = 64 };
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		KvPlan *plan = NULL;
+		KvCache *kv = NULL;
+		ck_assert_int_eq(kvplan_from_text(cases[i].spec, RL, RKVH, RD, &plan, NULL), 0);
+		ck_assert_int_eq(kvcache_new_host(&sh, plan, 1, &kv, NULL), 0);
+		ck_assert_msg(kvcache_is_f32(kv) == cases[i].exact, "%s", cases[i].spec);
+		ck_assert(kvstore_is(kv) == !cases[i].exact);
+		ck_assert_uint_eq(kvcache_file(kv)->kind, cases[i].exact ? 0 : 1);
+		kvcache_free(kv);
+		kvplan_free(plan);
+	}
+	KvCache *kv = NULL;
+	ck_assert_int_eq(kvcache_new_host(&sh, NULL, 0, &kv, NULL), 0);
+	ck_assert(kvcache_is_f32(kv));
+	ck_assert_uint_ge(kvcache_memory_bytes(kv), 64 * kvcache_bytes_per_token(kv));
+	kvcache_free(kv);
 }
 END_TEST
 
@@ -869,6 +1028,8 @@ static Suite *kvstore_suite(void)
 	tcase_add_test(tc, centered_split_invariant_and_better);
 	tcase_add_test(tc, pk_split_and_rewind);
 	tcase_add_test(tc, pk_abandoned_rows);
+	tcase_add_test(tc, attention_only_reads);
+	tcase_add_test(tc, f32_is_one_cache);
 	suite_add_tcase(s, tc);
 
 	TCase *tm = tcase_create("model");

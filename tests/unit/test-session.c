@@ -75,7 +75,7 @@ static KvCache *cache_filled(const char *spec, KvPlan **ret_plan, int64_t n, uin
 		k[i] = s * test_rand_normal(rng);
 		v[i] = test_rand_normal(rng);
 	}
-	/* attended as a model does (pk keys are coded by the attention that reads them) */
+	/* shown the queries, appended and attended as a model does */
 	float *q = malloc(sizeof(float) * n * NH * D), *out = malloc(sizeof(float) * n * NH * D);
 	ck_assert(q && out);
 	uint64_t qrng = 0x9e;
@@ -83,13 +83,15 @@ static KvCache *cache_filled(const char *spec, KvPlan **ret_plan, int64_t n, uin
 		q[i] = test_rand_normal(&qrng);
 	int64_t first = n / 2;
 	for (int l = 0; l < NL; l++) {
+		kvcache_observe(kv, l, 0, first, q);
 		ck_assert_int_eq(kvcache_append(kv, l, 0, first, k, v), 0);
-		kvcache_attend(kv, NULL, l, 0, first, q, out);
+		ck_assert_int_eq(kvcache_attend(kv, NULL, l, 0, first, q, out), 0);
 	}
 	kvcache_set_n_tokens(kv, first);
 	for (int l = 0; l < NL; l++) {
+		kvcache_observe(kv, l, first, n - first, q + first * NH * D);
 		ck_assert_int_eq(kvcache_append(kv, l, first, n - first, k + first * row, v + first * row), 0);
-		kvcache_attend(kv, NULL, l, first, n - first, q + first * NH * D, out);
+		ck_assert_int_eq(kvcache_attend(kv, NULL, l, first, n - first, q + first * NH * D, out), 0);
 	}
 	kvcache_set_n_tokens(kv, n);
 	free(k);
@@ -135,58 +137,51 @@ static void attend_all(KvCache *kv, ThreadPool *tp, int layer, uint64_t seed, fl
 	free(q);
 }
 
+/* The record of (layer, head, role) for n tokens (malloc'ed), through the cache's file operations. */
+static uint8_t *record_of(const KvCache *kv, int layer, int head, int role, int64_t n, size_t *ret_len)
+{
+	const KvCacheFileOps *fo = kvcache_file(kv);
+	*ret_len = fo->record_bytes(kv, layer, head, role, n);
+	uint8_t *rec = malloc(*ret_len + 1);
+	ck_assert_ptr_nonnull(rec);
+	ck_assert_int_eq(fo->record_save(kv, layer, head, role, n, rec, NULL), 0);
+	return rec;
+}
+
+/*
+ * Two caches hold the same: the kind and seed, every block as a file of n
+ * tokens holds it, and every format's record (codecs, centered keys, pk
+ * weights and stage): what a restore must bring back.
+ */
 static void assert_same_cache(KvCache *a, KvCache *b)
 {
 	int64_t n = kvcache_n_tokens(a);
 	ck_assert_int_eq(kvcache_n_tokens(b), n);
-	if (kvcache_is_f32(a)) {
-		ck_assert(kvcache_is_f32(b));
-		for (int l = 0; l < NL; l++) {
-			float *ka, *va, *kb, *vb;
-			ck_assert_int_eq(kvcache_f32_rows(a, l, &ka, &va), 0);
-			ck_assert_int_eq(kvcache_f32_rows(b, l, &kb, &vb), 0);
-			ck_assert(memcmp(ka, kb, sizeof(float) * n * KVH * D) == 0);
-			ck_assert(memcmp(va, vb, sizeof(float) * n * KVH * D) == 0);
-		}
-	} else {
-		ck_assert(kvstore_is(b));
-		ck_assert_uint_eq(kvstore_seed(a), kvstore_seed(b));
-		for (int l = 0; l < NL; l++) {
-			const KvLayerTypes *lt = kvstore_layer_types(a, l);
-			size_t kb = kvtype_vec_bytes(&lt->k), vb = kvtype_vec_bytes(&lt->v);
-			for (int h = 0; h < KVH; h++) {
-				for (int64_t i = 0; i < (n + 31) / 32; i++) {
-					const uint8_t *x = kvstore_block(a, l, h, i), *y = kvstore_block(b, l, h, i);
-					ck_assert(x && y);
-					int64_t rows = MIN(32, n - 32 * i);
-					ck_assert(memcmp(x, y, rows * kb) == 0);
-					ck_assert(memcmp(x + 32 * kb, y + 32 * kb, rows * vb) == 0);
-				}
-				bool ca = false, cb = false;
-				float ma[33 * D], mb[33 * D];
-				int rc = kvstore_key_center(a, l, h, &ca, ma, ma + D);
-				ck_assert_int_eq(kvstore_key_center(b, l, h, &cb, mb, mb + D), rc);
-				if (rc == 0) {
-					ck_assert(ca == cb);
-					ck_assert(memcmp(ma, mb, sizeof(ma)) == 0);
-				}
-				float pa[(32 + 1) * D / 2 + 64 * D], pb[(32 + 1) * D / 2 + 64 * D];
-				rc = kvstore_pk_state(a, l, h, n, &ca, pa, pa + 16 * D, pa + 16 * D + D / 2);
-				ck_assert_int_eq(kvstore_pk_state(b, l, h, n, &cb, pb, pb + 16 * D, pb + 16 * D + D / 2), rc);
-				if (rc == 0) { /* the query energies matter (and are saved) below 32 tokens only */
-					size_t skip = n < 32 ? 0 : 16 * D;
-					ck_assert(ca == cb);
-					ck_assert(memcmp(pa + skip, pb + skip, sizeof(pa) - skip * sizeof(float)) == 0);
-				}
-				for (int role = 0; role < 2; role++) {
-					TqDesc da, db;
-					int ra = kvstore_tq_desc(a, l, h, (KvRole)role, &da);
-					ck_assert_int_eq(kvstore_tq_desc(b, l, h, (KvRole)role, &db), ra);
-					if (ra == 0)
-						ck_assert(tq_desc_equal(&da, &db));
-				}
+	const KvCacheFileOps *fa = kvcache_file(a), *fb = kvcache_file(b);
+	ck_assert_ptr_eq(fa, fb);
+	ck_assert_uint_eq(fa->seed(a), fb->seed(b));
+	for (int l = 0; l < NL; l++) {
+		size_t bb = fa->block_bytes(a, l);
+		uint8_t *xa = malloc(bb), *xb = malloc(bb);
+		ck_assert(xa && xb);
+		for (int h = 0; h < KVH; h++) {
+			for (int64_t i = 0; i < (n + 31) / 32; i++) {
+				fa->block_save(a, l, h, i, n, xa);
+				fb->block_save(b, l, h, i, n, xb);
+				ck_assert_msg(memcmp(xa, xb, bb) == 0, "layer %d head %d block %lld", l, h, (long long)i);
+			}
+			for (int role = 0; role < 2; role++) {
+				size_t la, lb;
+				uint8_t *ra = record_of(a, l, h, role, n, &la), *rb = record_of(b, l, h, role, n, &lb);
+				ck_assert_uint_eq(fa->record_tag(a, l, h, role), fb->record_tag(b, l, h, role));
+				ck_assert_uint_eq(la, lb);
+				ck_assert_msg(memcmp(ra, rb, la) == 0, "layer %d head %d %c record", l, h, role ? 'V' : 'K');
+				free(ra);
+				free(rb);
 			}
 		}
+		free(xa);
+		free(xb);
 	}
 	/* the behaviour, not just the bytes: attention is bit-identical */
 	ThreadPool *tp = NULL;
@@ -291,6 +286,22 @@ static const char *const round_specs[] = {
 	"pk4:tq3", "pk2.5:tq3,1=tq4",
 };
 
+/* Bytes of one side's record by the formats' documented layouts, computed from the type here. */
+static uint64_t record_size(const KvType *t, bool f32_cache, int64_t n_kv)
+{
+	if (f32_cache)
+		return 0;
+	uint64_t centered = 8 + 4 * D + 32 * 4 * D; /* state, 0, mu, block 0 (kvcenter.h) */
+	if (t->format == KV_FORMAT_PK) {
+		/* state, 0, weights, query energies below 32 tokens, keys from max(32, 32 (n / 32 - 1)) */
+		int64_t whole = n_kv / 32 > 1 ? n_kv / 32 : 1, from = whole > 2 ? 32 * (whole - 1) : 32;
+		int64_t tail = n_kv > from ? n_kv - from : 0;
+		return centered + 8 + 4 * (D / 2 + (n_kv < 32 ? 16 * D : 0) + tail * D);
+	}
+	uint64_t inner = t->format == KV_FORMAT_TQ ? 176 : 4; /* the descriptor; plain: format, +h, dim */
+	return (t->centered ? centered : 0) + inner;
+}
+
 /* Bytes of a file by session.h's layout, computed from the spec here. */
 static uint64_t expected_size(const KvPlan *plan, size_t spec_len, int64_t n_kv, size_t n_tokens,
 			      size_t msg_bytes)
@@ -299,14 +310,8 @@ static uint64_t expected_size(const KvPlan *plan, size_t spec_len, int64_t n_kv,
 	for (int l = 0; l < NL; l++) {
 		KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32, .dim = D }, .v = { .format = KV_FORMAT_F32, .dim = D } };
 		const KvLayerTypes *lt = plan ? &plan->layers[l] : &f32;
-		kv += 4 + (uint64_t)KVH * 176 * ((lt->k.format == KV_FORMAT_TQ) + (lt->v.format == KV_FORMAT_TQ));
-		kv += lt->k.centered ? (uint64_t)KVH * (8 + 4 * D + 32 * 4 * D) : 0; /* state, 0, mu, block 0 */
-		/* pk: state, 0, weights, query energies below 32 tokens, keys from max(32, 32 (n / 32 - 1)) */
-		if (lt->k.format == KV_FORMAT_PK) {
-			int64_t whole = n_kv / 32 > 1 ? n_kv / 32 : 1, from = whole > 2 ? 32 * (whole - 1) : 32;
-			int64_t tail = n_kv > from ? n_kv - from : 0;
-			kv += (uint64_t)KVH * (8 + 4 * (D / 2 + (n_kv < 32 ? 16 * D : 0) + tail * D));
-		}
+		/* block bytes, then per kv-head, K then V: tag, length, record */
+		kv += 8 + (uint64_t)KVH * (16 + record_size(&lt->k, !plan, n_kv) + record_size(&lt->v, !plan, n_kv));
 		uint64_t block = 32 * (kvtype_vec_bytes(&lt->k) + kvtype_vec_bytes(&lt->v));
 		layers += 20 + 16 + KVH * blocks * block;
 	}
@@ -389,6 +394,7 @@ START_TEST(test_rewound_raw)
 	ck_assert_int_eq(r->kind, SESSION_KIND_RAW);
 	ck_assert_uint_eq(r->n_messages, 0);
 	ck_assert_ptr_null(kvstore_block(r->kv, 0, 0, 2)); /* block 2 (positions 64..) not restored */
+	ck_assert_uint_lt(kvcache_memory_bytes(r->kv), kvcache_memory_bytes(s->kv));
 	assert_same_cache(s->kv, r->kv);
 	session_state_free(r);
 	session_state_free(s);
@@ -438,10 +444,10 @@ static int expected_code(const Small *sm, size_t i, bool *ret_or_truncated)
 	if (i < 8)
 		return SESSION_E_MAGIC;
 	if (i < 12) {
-		/* a version this build reads (1 <-> 3, 2 -> 3) fails the header checksum instead */
+		/* a version this build reads fails the header checksum instead */
 		uint32_t v = sm->data[8] ^ (i == 8 ? 1u << (i % 8) : 0);
-		return i == 8 && v >= SESSION_VERSION && v <= SESSION_VERSION_PK ? SESSION_E_HEADER
-										 : SESSION_E_VERSION;
+		return i == 8 && v >= SESSION_VERSION_FIRST && v <= SESSION_VERSION ? SESSION_E_HEADER
+											: SESSION_E_VERSION;
 	}
 	if (i < 64)
 		return SESSION_E_HEADER;
@@ -567,10 +573,21 @@ static void section_reseal(uint8_t *data, size_t start)
 	memcpy(data + start + 16 + len, &crc, 4);
 }
 
+/* Offset of the content of the first record (layer 0, kv-head 0, K) of a file's KV section. */
+static size_t first_record(const Small *sm, uint32_t want_tag)
+{
+	uint32_t spec_len, tag;
+	memcpy(&spec_len, sm->data + sm->start[0] + 16 + 4, 4);
+	size_t at = sm->start[0] + 16 + 16 + spec_len + 8; /* after layer 0's block bytes */
+	memcpy(&tag, sm->data + at, 4);
+	ck_assert_uint_eq(tag, want_tag);
+	return at + 8;
+}
+
 /*
- * Centered keys: files with them are version 2, files without version 1,
- * and a version that does not match the layers is refused, as is a mu
- * "not chosen" while positions above 0 are stored, or one not finite.
+ * Centered keys: the record (kvcenter.h's, then the inner format's) is
+ * checked field by field: a mu "not chosen" while positions above 0 are
+ * stored, or one not finite, is refused.
  */
 START_TEST(test_centered_records)
 {
@@ -579,20 +596,10 @@ START_TEST(test_centered_records)
 	SessionExpect e = expect_of(sm.plan);
 	SessionState *r = NULL;
 	Error err = { 0 };
-	ck_assert_uint_eq(sm.data[8], SESSION_VERSION_CENTERED);
+	ck_assert_uint_eq(sm.data[8], SESSION_VERSION);
 	uint8_t *buf = malloc(sm.len);
 
-	memcpy(buf, sm.data, sm.len);
-	buf[8] = SESSION_VERSION;
-	uint32_t crc = crc32c(buf, 60);
-	memcpy(buf + 60, &crc, 4);
-	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
-	ck_assert_ptr_nonnull(strstr(err.msg, "centered"));
-
-	/* layer 0 head 0's record: after the spec, the 4 format bytes and K, V descriptors */
-	uint32_t spec_len;
-	memcpy(&spec_len, sm.data + sm.start[0] + 16 + 4, 4);
-	size_t rec = sm.start[0] + 16 + 16 + spec_len + 4 + 2 * 176;
+	size_t rec = first_record(&sm, 0x31525443u); /* "CTR1" */
 	uint32_t state;
 	memcpy(&state, sm.data + rec, 4);
 	ck_assert_uint_eq(state, 1);
@@ -608,21 +615,64 @@ START_TEST(test_centered_records)
 	section_reseal(buf, sm.start[0]);
 	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
 	ck_assert_ptr_nonnull(strstr(err.msg, "not finite"));
-	ck_assert_ptr_null(r);
 
-	/* and a file without centered keys stays version 1 */
-	Small plain;
-	small_make("tq4_nc:tq3", 40, &plain);
-	ck_assert_uint_eq(plain.data[8], SESSION_VERSION);
-	free(plain.data);
-	kvplan_free(plain.plan);
+	/* the inner TurboQuant descriptor after it: another seed is another KV type */
+	memcpy(buf, sm.data, sm.len);
+	buf[rec + 8 + 33 * 4 * D + 24] ^= 1; /* rot_seed, then the record's CRC is stale: corrupt */
+	section_reseal(buf, sm.start[0]);
+	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
+	ck_assert_ptr_null(r);
 	free(buf);
 	free(sm.data);
 	kvplan_free(sm.plan);
 }
 END_TEST
 
-/* pk-key records: version 3, and each field checked */
+/*
+ * Files as earlier versions wrote them (tests/data/session/, made by
+ * scripts/gen-old-sessions.sh from commit 919634a): their KV layout is
+ * not read any more (SESSION_E_KV_TYPE, with any plan), and their
+ * conversation is, so the daemon recomputes the prompt and keeps the chat.
+ */
+START_TEST(test_old_sessions)
+{
+	static const struct { const char *file, *spec; uint32_t version; } old[] = {
+		{ "session/v1-tq4-q8_0.tkvs", "tq4:q8_0", 1 },
+		{ "session/v2-centered.tkvs", "tq4_nc+c:tq3.5_nc", 2 },
+		{ "session/v3-pk.tkvs", "pk4:tq3_nc", 3 },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(old); i++) {
+		size_t len;
+		uint8_t *data = (uint8_t *)test_read_file(test_data_path(old[i].file), &len);
+		ck_assert_ptr_nonnull(data);
+		ck_assert_uint_eq(data[8], old[i].version);
+		KvPlan *plan = NULL;
+		ck_assert_int_eq(kvplan_from_text(old[i].spec, 2, 1, 32, &plan, NULL), 0);
+		SessionExpect e = {
+			.fingerprint = FP, .n_vocab = VOCAB, .plan = plan,
+			.shape = { .n_layers = 2, .n_heads = 2, .n_kv_heads = 1, .head_dim = 32, .capacity = 128 },
+		};
+		SessionState *r = NULL;
+		Error err = { 0 };
+		ck_assert_int_eq(session_read(data, len, &e, &r, &err), SESSION_E_KV_TYPE);
+		ck_assert_ptr_nonnull(strstr(err.msg, "older"));
+		ck_assert_msg(session_read_conversation(data, len, &e, &r, &err) == 0, "%s: %s", old[i].file,
+			      err.msg);
+		ck_assert_ptr_null(r->kv);
+		ck_assert_uint_eq(r->n_tokens, 72);
+		for (int t = 0; t < 72; t++)
+			ck_assert_int_eq(r->tokens[t], (t * 37 + 11) % VOCAB);
+		ck_assert_uint_eq(r->n_messages, 2);
+		ck_assert_str_eq(r->messages[0].text, "Where is Lisbon?");
+		ck_assert_str_eq(r->messages[1].text, "In Portugal.");
+		session_state_free(r);
+		kvplan_free(plan);
+		free(data);
+	}
+}
+END_TEST
+
+/* pk-key records: each field checked */
 START_TEST(test_pk_records)
 {
 	Small sm;
@@ -630,22 +680,13 @@ START_TEST(test_pk_records)
 	SessionExpect e = expect_of(sm.plan);
 	SessionState *r = NULL;
 	Error err = { 0 };
-	ck_assert_uint_eq(sm.data[8], SESSION_VERSION_PK);
 	ck_assert_msg(session_read(sm.data, sm.len, &e, &r, &err) == 0, "%s", err.msg);
 	session_state_free(r);
 	r = NULL;
 	uint8_t *buf = malloc(sm.len);
 
-	memcpy(buf, sm.data, sm.len);
-	buf[8] = SESSION_VERSION_CENTERED;
-	uint32_t crc = crc32c(buf, 60);
-	memcpy(buf + 60, &crc, 4);
-	ck_assert_int_eq(session_read(buf, sm.len, &e, &r, &err), SESSION_E_KV_SECTION);
-
-	/* layer 0 head 0's pk record: after the spec, the format bytes, V's descriptor, the +c record */
-	uint32_t spec_len;
-	memcpy(&spec_len, sm.data + sm.start[0] + 16 + 4, 4);
-	size_t rec = sm.start[0] + 16 + 16 + spec_len + 4 + 176 + 8 + 33 * 4 * D;
+	/* layer 0 head 0's pk record: kvcenter.h's record, then fmt_pk.c's fields */
+	size_t rec = first_record(&sm, 0x31594b50u) + 8 + 33 * 4 * D; /* "PKY1" */
 	uint32_t state;
 	memcpy(&state, sm.data + rec, 4);
 	ck_assert_uint_eq(state, 1);
@@ -692,13 +733,19 @@ START_TEST(test_pk_records)
 	ck_assert_msg(session_save_at(dir, "short.tkvs", st, FP, "pk4:tq3", NULL, NULL, &err) == 0, "%s", err.msg);
 	e = expect_of(plan);
 	ck_assert_msg(session_load_at(dir, "short.tkvs", &e, &r, &err) == 0, "%s", err.msg);
-	float qa[16 * D + D / 2 + 64 * D], qb[16 * D + D / 2 + 64 * D];
-	bool ca, cb;
-	ck_assert_int_eq(kvstore_pk_state(st->kv, 1, 1, 20, &ca, qa, qa + 16 * D, qa + 16 * D + D / 2), 0);
-	ck_assert_int_eq(kvstore_pk_state(r->kv, 1, 1, 20, &cb, qb, qb + 16 * D, qb + 16 * D + D / 2), 0);
-	ck_assert(!ca && !cb);
-	ck_assert(memcmp(qa, qb, sizeof(qa)) == 0);
-	ck_assert(qa[20 * D / 2] == 0.0f && qa[19 * D / 2] > 0.0f); /* positions 0..19 seen */
+	size_t la, lb;
+	uint8_t *ra = record_of(st->kv, 1, 1, KV_ROLE_K, 20, &la), *rb = record_of(r->kv, 1, 1, KV_ROLE_K, 20, &lb);
+	ck_assert_uint_eq(la, lb);
+	ck_assert(memcmp(ra, rb, la) == 0);
+	/* after kvcenter.h's record: chosen (0), 0, the weights (zero), then the energies */
+	const uint8_t *pk = ra + 8 + 33 * 4 * D;
+	ck_assert_uint_eq(get_le(pk, 4), 0);
+	float e19, e20;
+	memcpy(&e19, pk + 8 + 4 * (D / 2) + 4 * (19 * D / 2), 4);
+	memcpy(&e20, pk + 8 + 4 * (D / 2) + 4 * (20 * D / 2), 4);
+	ck_assert(e20 == 0.0f && e19 > 0.0f); /* positions 0..19 seen */
+	free(ra);
+	free(rb);
 	session_state_free(r);
 	session_state_free(st);
 	kvplan_free(plan);
@@ -853,6 +900,7 @@ static Suite *session_suite(void)
 	tcase_add_test(tc, test_mismatch);
 	tcase_add_test(tc, test_centered_records);
 	tcase_add_test(tc, test_pk_records);
+	tcase_add_test(tc, test_old_sessions);
 	tcase_add_test(tc, test_conversation_only);
 	tcase_add_test(tc, test_enospc_keeps_old);
 	tcase_add_test(tc, test_not_a_file);

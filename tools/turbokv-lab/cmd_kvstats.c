@@ -24,9 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/codec/kvpk.h"
-#include "engine/kv/kvquant.h"
 #include "engine/codec/tq.h"
+#include "engine/kv/fmt_tq.h"
 #include "engine/kv/kvstore.h"
 #include "engine/kv/kvtype.h"
 #include "tools/turbokv-lab/lab.h"
@@ -161,107 +160,93 @@ static void capture_attend(void *ud, int layer, int64_t pos0, int64_t n_tok, con
 }
 
 /*
- * pk keys (kvpk.h) of (layer, h): whole blocks past block 0 read back from
- * the codes kv holds (its attention coded them), plus mu; block 0 and a
- * partial last block are exact, as attention reads them.
+ * The rows x (T, n_kv_heads, d) of layer/role as kv stores them, read
+ * back (kvstore_load_row(): as attention from a later block reads them;
+ * block 0 of a centered side is exact), the error into *acc.
  */
-static int pk_recon_error(const Capture *c, const KvCache *kv, const KvType *t, int layer, int h,
-			  const float *mu, ErrAcc *acc)
+static void stored_error(const Capture *c, const KvCache *kv, int layer, KvRole role, int n_kv_heads,
+			 int d, ErrAcc *acc)
 {
-	enum { BT = KVSTORE_BLOCK_TOKENS };
-	const int d = t->dim;
-	const float *x = c->k + (size_t)layer * c->T * c->kvdim;
-	KvPk pk;
-	if (kvpk_init(&pk, d, t->pk_bits, kvtype_vec_bytes(t)) != 0)
-		return -1;
-	for (int64_t p = 0; p < c->T; p++) {
-		const float *row = x + p * c->kvdim + (size_t)h * d;
-		float y[TQ_MAX_DIM];
-		if (p < BT || (p / BT + 1) * BT > c->T) {
-			err_add(acc, row, row, d);
-			continue;
+	const float *x = (role == KV_ROLE_K ? c->k : c->v) + (size_t)layer * c->T * c->kvdim;
+	float y[TQ_MAX_DIM];
+	for (int h = 0; h < n_kv_heads; h++)
+		for (int64_t i = 0; i < c->T; i++) {
+			const float *row = x + i * c->kvdim + (size_t)h * d;
+			kvstore_load_row(kv, layer, h, role, i, y);
+			err_add(acc, row, y, d);
 		}
-		kvpk_decode_row(&pk, kvstore_block(kv, layer, h, p / BT), (int)(p % BT), y);
-		for (int i = 0; i < d; i++)
-			y[i] += mu[i];
-		err_add(acc, row, y, d);
+}
+
+/* mu of a centered side as kvcenter.h chooses it: the mean of positions 1..31, in double. */
+static void key_mean(const float *x, size_t stride, int d, float *mu)
+{
+	for (int i = 0; i < d; i++) {
+		double sum = 0;
+		for (int p = 1; p < KV_BLOCK_TOKENS; p++)
+			sum += x[(size_t)p * stride + i];
+		mu[i] = (float)(sum / (KV_BLOCK_TOKENS - 1));
 	}
-	return 0;
 }
 
 /*
  * Store and read back the rows x (T, n_kv_heads, d) of layer/role with
- * type t, accumulating the error into *acc; a +c side with the mu that kv
- * chose when the rows were appended to it (block 0 is kept exact).
- * Returns 0 or -1.
+ * type t, accumulating the error into *acc. The cache's own bytes, read
+ * back; with --rounds, TQ types coded again here with codecs of that many
+ * Hadamard rounds (the cache's seeds; +c with the cache's mu, block 0
+ * exact). Returns 0 or -1.
  */
 static int recon_error(const Capture *c, const KvCache *kv, const KvType *t, int layer,
 		       KvRole role, int n_kv_heads, int rounds, ErrAcc *acc)
 {
 	const int d = t->dim;
+	if (!rounds || t->format != KV_FORMAT_TQ) {
+		stored_error(c, kv, layer, role, n_kv_heads, d, acc);
+		return 0;
+	}
 	const float *x = (role == KV_ROLE_K ? c->k : c->v) + (size_t)layer * c->T * c->kvdim;
 	_cleanup_(freep) uint8_t *code = malloc(kvtype_vec_bytes(t) + TQ_MAX_CODE_BYTES);
 	_cleanup_(freep) float *y = malloc((size_t)d * sizeof(float));
 	_cleanup_(freep) float *rows = malloc((size_t)c->T * d * sizeof(float));
-	_cleanup_(freep) float *mu = calloc((1 + KVSTORE_BLOCK_TOKENS) * (size_t)d, sizeof(float)); /* mu, block 0 */
+	_cleanup_(freep) float *mu = calloc((size_t)d, sizeof(float));
 	_cleanup_(freep) float *x_mu = malloc((size_t)d * sizeof(float));
 	if (!code || !y || !rows || !mu || !x_mu)
 		return -1;
 	for (int h = 0; h < n_kv_heads; h++) {
-		bool chosen = false;
-		if (t->centered && kvstore_key_center(kv, layer, h, &chosen, mu, mu + d) != 0)
-			return -1;
-		if (t->format == KV_FORMAT_PK) {
-			if (pk_recon_error(c, kv, t, layer, h, mu, acc) < 0)
+		if (t->centered && c->T >= KV_BLOCK_TOKENS)
+			key_mean(x + (size_t)h * d, c->kvdim, d, mu);
+		TqDesc desc = t->tq;
+		kvtq_derive_seeds(kvstore_seed(kv), layer, h, role, &desc.rot_seed, &desc.qjl_seed);
+		if (!(desc.flags & TQ_FLAG_QJL))
+			desc.qjl_seed = 0;
+		if (desc.rotation != ROTATION_DENSE)
+			desc.rounds = rounds;
+		if (desc.group == TQ_GROUP_OUTLIER_CHANNELS) {
+			for (int64_t i = 0; i < c->T; i++)
+				memcpy(rows + i * d, x + i * c->kvdim + (size_t)h * d, (size_t)d * sizeof(float));
+			if (tq_desc_choose_outliers(rows, (int)c->T, d, desc.n_hi, desc.mask) < 0)
 				return -1;
-			continue;
 		}
-		TqCodec *codec = NULL;
-		if (t->format == KV_FORMAT_TQ) {
-			TqDesc desc = t->tq;
-			kvstore_derive_seeds(0, layer, h, role, &desc.rot_seed, &desc.qjl_seed);
-			if (!(desc.flags & TQ_FLAG_QJL))
-				desc.qjl_seed = 0;
-			if (rounds && desc.rotation != ROTATION_DENSE)
-				desc.rounds = rounds;
-			if (desc.group == TQ_GROUP_OUTLIER_CHANNELS) {
-				for (int64_t i = 0; i < c->T; i++)
-					memcpy(rows + i * d, x + i * c->kvdim + (size_t)h * d,
-					       (size_t)d * sizeof(float));
-				if (tq_desc_choose_outliers(rows, (int)c->T, d, desc.n_hi, desc.mask) < 0)
-					return -1;
-			}
-			Error err = { 0 };
-			if (tq_codec_new(&desc, &codec, &err) != 0) {
-				fprintf(stderr, "turbokv-lab: codec: %s\n", err.msg);
-				return -1;
-			}
+		Error err = { 0 };
+		_cleanup_(tq_codec_freep) TqCodec *codec = NULL;
+		if (tq_codec_new(&desc, &codec, &err) != 0) {
+			fprintf(stderr, "turbokv-lab: codec: %s\n", err.msg);
+			return -1;
 		}
 		for (int64_t i = 0; i < c->T; i++) {
 			const float *row = x + i * c->kvdim + (size_t)h * d;
-			const float *in = row;
-			if (t->centered && i < KVSTORE_BLOCK_TOKENS) {
+			if (t->centered && i < KV_BLOCK_TOKENS) {
 				err_add(acc, row, row, d); /* kept exact */
 				continue;
 			}
-			if (t->centered) {
-				for (int j = 0; j < d; j++)
-					x_mu[j] = row[j] - mu[j];
-				in = x_mu;
-			}
-			if (codec) {
-				tq_encode(codec, in, code);
-				tq_decode(codec, code, y);
-			} else {
-				kvquant_store(t, in, code);
-				kvquant_load(t, code, y);
-			}
+			for (int j = 0; j < d; j++)
+				x_mu[j] = t->centered ? row[j] - mu[j] : row[j];
+			tq_encode(codec, x_mu, code);
+			tq_decode(codec, code, y);
 			if (t->centered)
 				for (int j = 0; j < d; j++)
 					y[j] += mu[j];
 			err_add(acc, row, y, d);
 		}
-		tq_codec_free(codec);
 	}
 	return 0;
 }
@@ -312,6 +297,8 @@ static int spec_stats(const Model *m, ThreadPool *tp, const Capture *c, const ch
 		return -1;
 	for (int l = 0; l < cfg->n_layers; l++) {
 		size_t kvat = (size_t)l * c->T * c->kvdim;
+		/* the queries first, as the model shows them: pk keys weigh their pairs by them */
+		kvcache_observe(kv, l, 0, c->T, c->q + (size_t)l * c->T * c->qdim);
 		if (kvcache_append(kv, l, 0, c->T, c->k + kvat, c->v + kvat) != 0) {
 			fprintf(stderr, "turbokv-lab: --kv %s: append failed\n", spec);
 			return -1;
@@ -321,9 +308,11 @@ static int spec_stats(const Model *m, ThreadPool *tp, const Capture *c, const ch
 	for (int l = 0; l < cfg->n_layers; l++) {
 		memset(&ls[l], 0, sizeof(ls[l]));
 		size_t qat = (size_t)l * c->T * c->qdim;
-		/* first: pk keys are coded by the attention that reads them */
-		kvcache_attend(kv, tp, l, 0, c->T, c->q + qat, out);
-		if (plan) {
+		if (kvcache_attend(kv, tp, l, 0, c->T, c->q + qat, out) != 0) {
+			fprintf(stderr, "turbokv-lab: --kv %s: attention failed\n", spec);
+			return -1;
+		}
+		if (kvstore_is(kv)) {
 			const KvLayerTypes *lt = &plan->layers[l];
 			if (recon_error(c, kv, &lt->k, l, KV_ROLE_K, cfg->n_kv_heads, rounds, &ls[l].k) < 0 ||
 			    recon_error(c, kv, &lt->v, l, KV_ROLE_V, cfg->n_kv_heads, rounds, &ls[l].v) < 0)

@@ -139,7 +139,8 @@ int lab_kvcache_new(const Model *m, const char *spec, int64_t n_ctx, KvCache **r
 	_cleanup_(kvplan_freep) KvPlan *plan = NULL;
 	Error err = { 0 };
 	int r = 0;
-	if (spec && strcmp(spec, "f32") != 0)
+	/* every spelling of f32 everywhere is the exact f32 cache (kvcache_new_host) */
+	if (spec)
 		r = kvplan_from_text(spec, shape.n_layers, shape.n_kv_heads, shape.head_dim, &plan, &err);
 	if (r == 0)
 		r = model_kvcache_new(m, plan, 0, n_ctx, ret, &err);
