@@ -345,7 +345,9 @@ KvAttnSoftmaxFn kv_attn_softmax_get(void)
 
 KvAttnPkScoresFn kv_attn_pk_scores_get(void)
 {
-	return kv_attn_pk_scores_ref;
+	if (kv_attn_have_avx512())
+		return kv_attn_pk_scores_avx512;
+	return kv_attn_have_avx2() ? kv_attn_pk_scores_avx2 : kv_attn_pk_scores_ref;
 }
 
 KvAttnValuesFn kv_attn_values_get(void)

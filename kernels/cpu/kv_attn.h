@@ -161,14 +161,28 @@ void kv_attn_scores_tq_int8_avx2(const KvAttnRows *keys, const KvAttnQuery *q, i
  */
 typedef struct KvPkRows {
 	int dim;
-	int code_bits;                             /* per key */
-	const float *centroids[KVPK_MAX_BITS + 1]; /* [b]: the 2^b normal Lloyd-Max levels */
+	int code_bits; /* per key */
+	/*
+	 * [b]: 1 << KVPK_MAX_BITS floats, the 2^b normal Lloyd-Max levels then
+	 * zeros (SIMD lookups load whole tables of 16 or 32).
+	 */
+	const float *centroids[KVPK_MAX_BITS + 1];
 } KvPkRows;
 
+/*
+ * The AVX2 and AVX-512 twins compute every product and sum the reference
+ * does, in its order, without fused multiply-adds: their scores are the
+ * reference's bit for bit (test-kvattn), so dispatching them changes no
+ * output.
+ */
 typedef void (*KvAttnPkScoresFn)(const KvPkRows *keys, const uint8_t *blk, const float *q, int G,
 				 int n, float scale, float *scores, int ld);
 void kv_attn_pk_scores_ref(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
 			   float scale, float *scores, int ld);
+void kv_attn_pk_scores_avx2(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+			    float scale, float *scores, int ld);
+void kv_attn_pk_scores_avx512(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+			      float scale, float *scores, int ld);
 KvAttnPkScoresFn kv_attn_pk_scores_get(void);
 
 /*

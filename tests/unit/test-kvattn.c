@@ -23,6 +23,7 @@
 
 #include "base/util.h"
 #include "engine/kv/kvquant.h"
+#include "engine/codec/kvpk.h"
 #include "engine/codec/tq.h"
 #include "kernels/cpu/kv_attn.h"
 #include "tests/unit/testutil.h"
@@ -324,6 +325,61 @@ START_TEST(plain_kernels_match_reference)
 }
 END_TEST
 
+/*
+ * Pair-coded keys: the AVX2 and AVX-512 score kernels give the
+ * reference's floats bit for bit (they do its products and sums in its
+ * order), for every width from 0 to 8 bits per pair (loud and silent
+ * pairs, an all-zero pair), 1..8 query heads and partial blocks.
+ */
+START_TEST(pk_kernels_match_reference)
+{
+	enum { BT = KV_BLOCK_TOKENS };
+	uint64_t st = test_seed() + 200;
+	static const struct { int dim; double bits; } cases[] = {
+		{ 64, 4 }, { 64, 5 }, { 64, 2.5 }, { 64, 8 }, { 128, 3 }, { 256, 4.5 }, { 16, 1 },
+	};
+	static const int groups[] = { 1, 3, 4, 8 }, lens[] = { 32, 17, 1 };
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		int d = cases[i].dim, P = d / 2;
+		KvPk pk;
+		ck_assert_int_eq(kvpk_init(&pk, d, (int)(cases[i].bits * d)), 0);
+		float *x = malloc(sizeof(float) * BT * d), *w = malloc(sizeof(float) * P);
+		float *q = malloc(sizeof(float) * 8 * d);
+		uint8_t *blk = calloc(BT, pk.row_bytes);
+		ck_assert(x && w && q && blk);
+		for (int j = 0; j < P; j++) /* energies over orders of magnitude, one pair silent */
+			w[j] = j == 3 ? 0.0f : expf(3.0f * test_rand_normal(&st));
+		for (int t = 0; t < BT; t++)
+			for (int j = 0; j < d; j++)
+				x[t * d + j] = j / 2 == 5 ? 0.0f : test_rand_normal(&st) * (1.0f + (float)(j % 7));
+		for (int j = 0; j < 8 * d; j++)
+			q[j] = test_rand_normal(&st);
+		kvpk_encode_block(&pk, x, BT, NULL, w, blk);
+		for (size_t g = 0; g < ARRAY_SIZE(groups); g++)
+			for (size_t l = 0; l < ARRAY_SIZE(lens); l++) {
+				int G = groups[g], n = lens[l];
+				float want[8 * BT], got[8 * BT];
+				memset(want, 0, sizeof(want));
+				kv_attn_pk_scores_ref(&pk.rows, blk, q, G, n, 0.125f, want, BT);
+				for (int level = 0; level < 2; level++) {
+					if (level == 0 ? !kv_attn_have_avx2() : !kv_attn_have_avx512())
+						continue;
+					memset(got, 0, sizeof(got));
+					(level ? kv_attn_pk_scores_avx512 : kv_attn_pk_scores_avx2)(&pk.rows, blk, q, G, n,
+												    0.125f, got, BT);
+					ck_assert_msg(memcmp(want, got, sizeof(want)) == 0,
+						      "pk%g dim %d, %d heads, %d rows: the %s kernel differs", cases[i].bits,
+						      d, G, n, level ? "AVX-512" : "AVX2");
+				}
+			}
+		free(x);
+		free(w);
+		free(q);
+		free(blk);
+	}
+}
+END_TEST
+
 /* The int8 bound is not vacuous: on tq4 the kernel is within it, and the bound is small. */
 START_TEST(int8_bound_is_tight)
 {
@@ -527,6 +583,7 @@ static Suite *kvattn_suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_loop_test(tc, tq_kernels_match_reference, 0, (int)ARRAY_SIZE(tq_names));
 	tcase_add_test(tc, plain_kernels_match_reference);
+	tcase_add_test(tc, pk_kernels_match_reference);
 	tcase_add_test(tc, tq_value_helpers);
 	tcase_add_test(tc, int8_bound_is_tight);
 	tcase_add_loop_test(tc, softmax_matches_reference, 0, 2);
