@@ -17,6 +17,7 @@
 
 #define BT KV_BLOCK_TOKENS
 #define KVSTORE_SPLIT_MIN_BLOCKS 8 /* auto split: at least 256 tokens per item */
+#define KVSTORE_TILE_TOKENS 16     /* prefill: tokens whose queries share a read of each block */
 
 /* One (layer, kv-head, K or V): its format and the format's state. */
 typedef struct KvSide {
@@ -36,11 +37,14 @@ typedef struct KvLayer {
 	KvHead *heads;      /* (n_kv_heads,) */
 } KvLayer;
 
-/* Per-thread attention scratch, kept by the cache. */
+/* Per-thread attention scratch, kept by the cache; rows = a tile's query heads. */
 typedef struct AttendScratch {
-	void *prep;     /* the key format's prepared query heads (prep_bytes) */
-	float *scores;  /* (group, BT) */
-	float *ml;      /* (3, group): running max, sum, correction */
+	void *prep;     /* the key format's prepared tile (prep_bytes) */
+	void *prep1;    /* one token's prepared heads (prep1_bytes) */
+	float *q;       /* (rows, d) the tile's queries, gathered */
+	float *scores;  /* (rows, BT) */
+	float *ml;      /* (3, rows): running max, sum, correction */
+	float *acc;     /* (rows, d + 2) accumulators */
 } AttendScratch;
 
 typedef struct KvStore {
@@ -51,9 +55,10 @@ typedef struct KvStore {
 	size_t bytes_allocated;   /* block payload */
 	float *part;              /* attention partials, see AttendJob */
 	size_t part_n;
-	AttendScratch *scratch;   /* (n_scratch,) one per pool thread */
+	AttendScratch *scratch;   /* (n_scratch,) one per pool thread, for single tokens */
 	int n_scratch, scratch_group;
 	size_t prep_bytes;
+	int tile_tokens;          /* kvstore_set_tile() */
 } KvStore;
 
 static const KvCacheOps kvstore_ops;
@@ -88,6 +93,7 @@ static KvSideRows side_rows(const KvLayer *L, const KvHead *H, KvRole role)
 /* ---- construction ---- */
 
 static void store_scratch_free(KvStore *s);
+static size_t scratch_array_bytes(int nth, int rows, size_t prep, size_t prep1, int d);
 
 static void store_free(KvCache *kv)
 {
@@ -159,6 +165,7 @@ int kvcache_new_quant(const KvCacheShape *shape, const KvPlan *plan, uint64_t se
 	raw->base.ops = &kvstore_ops;
 	raw->base.shape = *shape;
 	raw->seed = seed;
+	raw->tile_tokens = KVSTORE_TILE_TOKENS;
 	_cleanup_(kvcache_freep) KvCache *kv = &TAKE_PTR(raw)->base;
 	KvStore *s = (KvStore *)kv;
 
@@ -257,6 +264,11 @@ void kvstore_set_split(KvCache *kv, int blocks_per_chunk)
 	store_of(kv)->split_blocks = blocks_per_chunk > 0 ? blocks_per_chunk : 0;
 }
 
+void kvstore_set_tile(KvCache *kv, int tokens)
+{
+	store_of(kv)->tile_tokens = tokens > 0 ? tokens : KVSTORE_TILE_TOKENS;
+}
+
 static size_t store_bytes_per_token(const KvCache *kv)
 {
 	const KvStore *s = store_of(kv);
@@ -271,8 +283,9 @@ static size_t store_memory_bytes(const KvCache *kv)
 	const KvStore *s = store_of(kv);
 	const KvCacheShape *sh = &kv->shape;
 	size_t n = sizeof(*s) + s->bytes_allocated + s->part_n * sizeof(float);
-	n += (size_t)s->n_scratch * (sizeof(AttendScratch) + s->prep_bytes +
-				     (size_t)s->scratch_group * (BT + 3) * sizeof(float));
+	if (s->scratch)
+		n += scratch_array_bytes(s->n_scratch, s->scratch_group, s->prep_bytes, s->prep_bytes,
+					 sh->head_dim);
 	for (int l = 0; l < sh->n_layers; l++) {
 		n += sizeof(KvLayer) + (size_t)sh->n_kv_heads * sizeof(KvHead);
 		for (int h = 0; h < sh->n_kv_heads; h++) {
@@ -385,87 +398,124 @@ static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
  * Partials: part (n_tok, n_kv_heads, n_chunks, group, d + 2): for each
  * query head of the group, acc (d,) in the stored domain, then the
  * running max m and sum l of exp(score - m) over the item's blocks.
+ *
+ * Work items are (tile, kv-head, chunk): a tile is up to `tile`
+ * consecutive tokens of the batch. The blocks below the first token's own
+ * block are whole and seen by every token of the tile: they are read once
+ * for all of its query heads (G x tokens of them at once, as one group of
+ * the kernels). The blocks from there on (the diagonal: partly visible,
+ * and a token's own block that pk reads exact) go token by token. Each
+ * (token, head) still sees its blocks in ascending order through one
+ * online softmax, and the kernels treat every head alike, so the outputs
+ * do not depend on the tile (test-kvstore checks tiles of 1 against the
+ * default bit for bit).
  */
 typedef struct AttendJob {
 	const KvStore *s;
 	const KvLayer *L;
 	int64_t pos0, n_tok;
 	int group;             /* query heads per kv-head */
+	int tile;              /* tokens per tile */
+	int64_t n_tiles;
 	int64_t n_chunks;
 	int64_t chunk_blocks;  /* blocks per chunk */
 	const float *q;        /* (n_tok, n_heads, d) */
 	float *part;
 	float *out;            /* (n_tok, n_heads, d) */
+	AttendScratch *scratch; /* (threads,) */
 	KvAttnSoftmaxFn softmax;
 } AttendJob;
 
 static void scratch_free(AttendScratch *sc)
 {
 	free(sc->prep);
+	free(sc->prep1);
+	free(sc->q);
 	free(sc->scores);
 	free(sc->ml);
+	free(sc->acc);
 	*sc = (AttendScratch){ 0 };
+}
+
+static AttendScratch *scratch_array_free(AttendScratch *sc, int n)
+{
+	for (int i = 0; sc && i < n; i++)
+		scratch_free(&sc[i]);
+	free(sc);
+	return NULL;
+}
+
+/*
+ * Scratch for nth threads, tiles of rows query heads (prepared in prep
+ * bytes; one token's in prep1 bytes) of head_dim d. NULL on -ENOMEM.
+ */
+static AttendScratch *scratch_array_new(int nth, int rows, size_t prep, size_t prep1, int d)
+{
+	AttendScratch *a = calloc_array((size_t)nth, sizeof(AttendScratch));
+	for (int i = 0; a && i < nth; i++) {
+		AttendScratch *sc = &a[i];
+		sc->prep = malloc(prep ? prep : 1);
+		sc->prep1 = malloc(prep1 ? prep1 : 1);
+		sc->q = malloc_array((size_t)rows * d, sizeof(float));
+		sc->scores = malloc_array((size_t)rows * BT, sizeof(float));
+		sc->ml = malloc_array((size_t)rows * 3, sizeof(float));
+		sc->acc = malloc_array((size_t)rows * (d + 2), sizeof(float));
+		if (!sc->prep || !sc->prep1 || !sc->q || !sc->scores || !sc->ml || !sc->acc)
+			return scratch_array_free(a, nth);
+	}
+	return a;
+}
+
+/* Bytes of scratch_array_new()'s arrays. */
+static size_t scratch_array_bytes(int nth, int rows, size_t prep, size_t prep1, int d)
+{
+	return (size_t)nth * (sizeof(AttendScratch) + prep + prep1 +
+			      (size_t)rows * (2 * (size_t)d + 2 + BT + 3) * sizeof(float));
 }
 
 static void store_scratch_free(KvStore *s)
 {
-	for (int i = 0; i < s->n_scratch; i++)
-		scratch_free(&s->scratch[i]);
-	free(s->scratch);
-	s->scratch = NULL;
+	s->scratch = scratch_array_free(s->scratch, s->n_scratch);
 	s->n_scratch = 0;
 	s->prep_bytes = 0;
 }
 
-/* Scratch for nth threads, query groups of G heads and prepared queries of prep bytes; 0 or -ENOMEM. */
+/*
+ * The scratch a cache keeps between calls: one token's query heads per
+ * thread (decode). A prefill's tiles get theirs for the call only, so a
+ * cache at rest holds kilobytes, not the megabytes of a tile's prepared
+ * queries. 0 or -ENOMEM.
+ */
 static int store_scratch_reserve(KvStore *s, int nth, int G, size_t prep)
 {
 	if (nth <= s->n_scratch && G <= s->scratch_group && prep <= s->prep_bytes)
 		return 0;
 	store_scratch_free(s);
-	s->scratch = calloc_array((size_t)nth, sizeof(AttendScratch));
-	if (!s->scratch)
+	if (!(s->scratch = scratch_array_new(nth, G, prep, prep, s->base.shape.head_dim)))
 		return -ENOMEM;
 	s->n_scratch = nth;
 	s->scratch_group = G;
 	s->prep_bytes = prep;
-	for (int i = 0; i < nth; i++) {
-		AttendScratch *sc = &s->scratch[i];
-		sc->prep = malloc(prep ? prep : 1);
-		sc->scores = malloc_array((size_t)G * BT, sizeof(float));
-		sc->ml = malloc_array((size_t)G * 3, sizeof(float));
-		if (!sc->prep || !sc->scores || !sc->ml) {
-			store_scratch_free(s);
-			return -ENOMEM;
-		}
-	}
 	return 0;
 }
 
-/* One work item: query heads of kv-head h at token t over blocks of chunk c. */
-static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h, int64_t c)
+/*
+ * Blocks b0..b1-1 for the nh query heads q (nh, d), prepared in prep, at
+ * rows of the running state sc->acc / ml starting at row (stride R of the
+ * ml arrays): scores, online softmax, values. own: the querying token's
+ * block (-1 for a tile's shared blocks), n_ctx: its context (the last
+ * block may be partial).
+ */
+static void attend_blocks(const AttendJob *j, const KvHead *H, AttendScratch *sc, const float *q,
+			  const void *prep, int nh, int row, int R, int64_t b0, int64_t b1, int64_t own,
+			  int64_t n_ctx)
 {
-	const KvCacheShape *sh = &j->s->base.shape;
 	const KvLayer *L = j->L;
-	const KvHead *H = &L->heads[h];
-	int d = sh->head_dim, G = j->group;
+	int d = j->s->base.shape.head_dim;
 	float scale = 1.0f / sqrtf((float)d);
-	int64_t n_ctx = j->pos0 + t + 1, own = (n_ctx - 1) / BT;
-	int64_t n_blocks = (n_ctx + BT - 1) / BT;
-	int64_t b0 = c * j->chunk_blocks, b1 = MIN(n_blocks, b0 + j->chunk_blocks);
-	float *part = j->part + ((t * sh->n_kv_heads + h) * j->n_chunks + c) * G * (d + 2);
-	float *m = sc->ml, *l = sc->ml + G, *corr = sc->ml + 2 * G;
+	float *m = sc->ml + row, *l = sc->ml + R + row, *corr = sc->ml + 2 * R + row;
+	float *acc = sc->acc + (size_t)row * (d + 2), *scores = sc->scores + (size_t)row * BT;
 	KvSideRows krows = side_rows(L, H, KV_ROLE_K);
-
-	for (int g = 0; g < G; g++) {
-		memset(part + g * (d + 2), 0, (size_t)d * sizeof(float));
-		m[g] = -INFINITY;
-		l[g] = 0.0f;
-	}
-	const float *qt = j->q + ((size_t)t * sh->n_heads + (size_t)h * G) * d; /* (G, d) */
-	if (b0 < b1)
-		H->k.ops->query(H->k.st, qt, G, sc->prep);
-
 	size_t blk_bytes = BT * (L->k_bytes + L->v_bytes);
 	for (int64_t b = b0; b < b1; b++) {
 		const uint8_t *blk = H->blocks[b];
@@ -478,20 +528,62 @@ static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t t, int h,
 		if (b + 1 < b1)
 			for (size_t off = 0; off < blk_bytes; off += 64)
 				__builtin_prefetch(H->blocks[b + 1] + off, 0, 3);
-		/* scores: each key row read once for all query heads */
-		H->k.ops->scores(H->k.st, &krows, qt, sc->prep, G, b, own, nj, scale, sc->scores, BT);
+		/* scores: each key row read once for all nh query heads */
+		H->k.ops->scores(H->k.st, &krows, q, prep, nh, b, own, nj, scale, scores, BT);
 		/* online softmax: rescale what came before to the new running max */
-		j->softmax(sc->scores, BT, G, nj, m, l, corr);
-		for (int g = 0; g < G; g++)
+		j->softmax(scores, BT, nh, nj, m, l, corr);
+		for (int g = 0; g < nh; g++)
 			if (corr[g] != 1.0f)
 				for (int x = 0; x < d; x++)
-					part[g * (d + 2) + x] *= corr[g];
+					acc[g * (d + 2) + x] *= corr[g];
 		/* values, in the stored domain */
-		H->v.ops->values(H->v.st, blk + BT * L->k_bytes, sc->scores, BT, G, nj, part, d + 2);
+		H->v.ops->values(H->v.st, blk + BT * L->k_bytes, scores, BT, nh, nj, acc, d + 2);
 	}
-	for (int g = 0; g < G; g++) {
-		part[g * (d + 2) + d] = m[g];
-		part[g * (d + 2) + d + 1] = l[g];
+}
+
+/* One work item: the query heads of kv-head h at the tokens of a tile, over the blocks of chunk c. */
+static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t tile, int h, int64_t c)
+{
+	const KvCacheShape *sh = &j->s->base.shape;
+	const KvHead *H = &j->L->heads[h];
+	int d = sh->head_dim, G = j->group;
+	int64_t t0 = tile * j->tile, t1 = MIN(j->n_tok, t0 + j->tile);
+	int nq = (int)(t1 - t0), R = nq * G;
+	int64_t last_blocks = (j->pos0 + t1 - 1) / BT + 1; /* of the tile's last token */
+	int64_t cb0 = c * j->chunk_blocks, cb1 = MIN(last_blocks, cb0 + j->chunk_blocks);
+	/* whole blocks below the first token's own block: shared by the tile */
+	int64_t shared = nq > 1 ? MIN(cb1, (j->pos0 + t0) / BT) : cb0;
+
+	for (int r = 0; r < R; r++) {
+		memset(sc->acc + (size_t)r * (d + 2), 0, (size_t)d * sizeof(float));
+		sc->ml[r] = -INFINITY;
+		sc->ml[R + r] = 0.0f;
+	}
+	if (cb0 < shared) {
+		/* the tile's query heads, token-major (nq, G, d), as one group */
+		for (int i = 0; i < nq; i++)
+			memcpy(sc->q + (size_t)i * G * d, j->q + ((size_t)(t0 + i) * sh->n_heads + (size_t)h * G) * d,
+			       (size_t)G * d * sizeof(float));
+		H->k.ops->query(H->k.st, sc->q, R, sc->prep);
+		attend_blocks(j, H, sc, sc->q, sc->prep, R, 0, R, cb0, shared, -1, j->pos0 + t0 + 1);
+	}
+	for (int i = 0; i < nq; i++) {
+		int64_t n_ctx = j->pos0 + t0 + i + 1;
+		int64_t b0 = MAX(cb0, shared), b1 = MIN(cb1, (n_ctx + BT - 1) / BT);
+		const float *qt = j->q + ((size_t)(t0 + i) * sh->n_heads + (size_t)h * G) * d; /* (G, d) */
+		if (b0 >= b1)
+			continue;
+		H->k.ops->query(H->k.st, qt, G, sc->prep1);
+		attend_blocks(j, H, sc, qt, sc->prep1, G, i * G, R, b0, b1, (n_ctx - 1) / BT, n_ctx);
+	}
+	for (int i = 0; i < nq; i++) {
+		float *part = j->part + (((t0 + i) * sh->n_kv_heads + h) * j->n_chunks + c) * G * (d + 2);
+		for (int g = 0; g < G; g++) {
+			int r = i * G + g;
+			memcpy(part + g * (d + 2), sc->acc + (size_t)r * (d + 2), (size_t)d * sizeof(float));
+			part[g * (d + 2) + d] = sc->ml[r];
+			part[g * (d + 2) + d + 1] = sc->ml[R + r];
+		}
 	}
 }
 
@@ -499,9 +591,9 @@ static void attend_task(void *ctx, int ith, int nth)
 {
 	const AttendJob *j = ctx;
 	const KvCacheShape *sh = &j->s->base.shape;
-	int64_t n_items = j->n_tok * sh->n_kv_heads * j->n_chunks;
-	AttendScratch *sc = &j->s->scratch[ith];
-	/* strided: causal items grow with t, so interleave them across threads */
+	int64_t n_items = j->n_tiles * sh->n_kv_heads * j->n_chunks;
+	AttendScratch *sc = &j->scratch[ith];
+	/* strided: causal items grow with the tile, so interleave them across threads */
 	for (int64_t i = ith; i < n_items; i += nth) {
 		int64_t c = i % j->n_chunks;
 		int64_t th = i / j->n_chunks;
@@ -543,12 +635,12 @@ static void combine_task(void *ctx, int ith, int nth)
 	}
 }
 
-/* How many block ranges each (token, kv-head) is split into, and their length. */
-static void choose_split(const KvStore *s, ThreadPool *tp, int64_t pos0, int64_t n_tok,
+/* How many block ranges each (tile, kv-head) is split into, and their length. */
+static void choose_split(const KvStore *s, ThreadPool *tp, int64_t pos0, int64_t n_tok, int64_t n_tiles,
 			 int64_t *ret_chunks, int64_t *ret_chunk_blocks)
 {
 	int64_t max_blocks = (pos0 + n_tok + BT - 1) / BT;
-	int64_t items = n_tok * s->base.shape.n_kv_heads;
+	int64_t items = n_tiles * s->base.shape.n_kv_heads;
 	int nth = tp ? threadpool_n_threads(tp) : 1;
 	int64_t per = max_blocks;
 	if (s->split_blocks > 0)
@@ -582,11 +674,14 @@ static int store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, in
 	for (int h = 0; h < sh->n_kv_heads; h++)
 		if (last >= L->heads[h].cap_blocks || !L->heads[h].blocks[last])
 			return -EINVAL;
+	int G = sh->n_heads / sh->n_kv_heads;
 	AttendJob j = {
-		.s = s, .L = L, .pos0 = pos0, .n_tok = n_tok,
-		.group = sh->n_heads / sh->n_kv_heads, .q = q, .out = out,
+		.s = s, .L = L, .pos0 = pos0, .n_tok = n_tok, .group = G, .q = q, .out = out,
+		/* a tile's heads are one group of the kernels: at most KVPK_MAX_GROUP */
+		.tile = (int)MAX(1, MIN((int64_t)s->tile_tokens, MIN(n_tok, (int64_t)(KVPK_MAX_GROUP / G)))),
 	};
-	choose_split(s, tp, pos0, n_tok, &j.n_chunks, &j.chunk_blocks);
+	j.n_tiles = (n_tok + j.tile - 1) / j.tile;
+	choose_split(s, tp, pos0, n_tok, j.n_tiles, &j.n_chunks, &j.chunk_blocks);
 
 	size_t n;
 	if (size_mul_overflows((size_t)n_tok * sh->n_heads, (size_t)j.n_chunks, &n) ||
@@ -601,12 +696,24 @@ static int store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, in
 	}
 	j.part = s->part;
 	const KvSide *ks = &L->heads[0].k;
-	if (store_scratch_reserve(s, tp ? threadpool_n_threads(tp) : 1, j.group,
-				  ks->ops->query_bytes(ks->st, j.group)) < 0)
-		return -ENOMEM;
+	int nth = tp ? threadpool_n_threads(tp) : 1;
+	_cleanup_(freep) AttendScratch *tiles = NULL; /* a prefill's, for this call */
+	if (j.tile > 1) {
+		tiles = scratch_array_new(nth, j.tile * G, ks->ops->query_bytes(ks->st, j.tile * G),
+					  ks->ops->query_bytes(ks->st, G), sh->head_dim);
+		if (!tiles)
+			return -ENOMEM;
+		j.scratch = tiles;
+	} else {
+		if (store_scratch_reserve(s, nth, G, ks->ops->query_bytes(ks->st, G)) < 0)
+			return -ENOMEM;
+		j.scratch = s->scratch;
+	}
 	j.softmax = kv_attn_softmax_get();
 	threadpool_run(tp, attend_task, &j);
 	threadpool_run(tp, combine_task, &j);
+	for (int i = 0; tiles && i < nth; i++)
+		scratch_free(&tiles[i]);
 	return 0;
 }
 

@@ -34,14 +34,16 @@
  *
  * == Attention ==
  *
- * Per (token, kv-head): the key format prepares the query heads of the
- * kv-head once, scores each block's rows for all of them (keys are read
- * once per block for the whole group), scaled by 1 / sqrt(d); online
- * softmax per block; the value format accumulates in its stored domain
- * and finishes once per head (an inverse rotation for TQ and +h). Work is
- * split over (token, kv-head) and, when that gives the threads fewer than
- * two items each (decode: one per kv-head), over ranges of at least 8
- * blocks whose partial (max, sum, accumulator) are combined afterwards
+ * Per (tile of up to 16 tokens, kv-head): the key format prepares the
+ * query heads once and scores each block's rows for all of them (keys are
+ * read once per block for every head of the tile: G heads per token for
+ * the diagonal blocks a token only partly sees, G x 16 for the whole
+ * blocks below), scaled by 1 / sqrt(d); online softmax per block; the
+ * value format accumulates in its stored domain and finishes once per
+ * head (an inverse rotation for TQ and +h). Work is split over (tile,
+ * kv-head) and, when that gives the threads fewer than two items each
+ * (decode: one per kv-head), over ranges of at least 8 blocks whose
+ * partial (max, sum, accumulator) are combined afterwards
  * (flash-decoding), with the item count a multiple of the threads.
  * Scratch (prepared queries, scores, partials) is kept by the cache and
  * counted in kvcache_memory_bytes(); attention only reads the rows and
@@ -147,3 +149,10 @@ size_t kvstore_bytes_allocated(const KvCache *kv);
  * length; n > 0 forces ranges of n blocks per work item (tests).
  */
 void kvstore_set_split(KvCache *kv, int blocks_per_chunk);
+
+/*
+ * Prefill tiles: 0 (default) reads each whole block once for 16 tokens'
+ * query heads (fewer where a group would pass KVPK_MAX_GROUP heads); n > 0
+ * forces tiles of n tokens (tests: 1 is a token at a time).
+ */
+void kvstore_set_tile(KvCache *kv, int tokens);
