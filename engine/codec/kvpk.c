@@ -20,12 +20,15 @@
 static float normal_centroids[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
 static float normal_bounds[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
 static double normal_mse[KVPK_MAX_BITS + 1];
+static float scale_sigma[256];
 static int normal_error;
 static pthread_once_t normal_once = PTHREAD_ONCE_INIT;
 
 static void normal_codebooks(void)
 {
 	float s = sqrtf((float)KVPK_NORMAL_DIM);
+	for (int i = 0; i < 256; i++)
+		scale_sigma[i] = kvpk_scale_of((uint8_t)i);
 	normal_mse[0] = 1.0; /* 0 bits: the value reads as 0 */
 	for (int b = 1; b <= KVPK_MAX_BITS; b++) {
 		const Codebook *cb;
@@ -47,7 +50,7 @@ int kvpk_init(KvPk *pk, int dim, int code_bits)
 	pthread_once(&normal_once, normal_codebooks);
 	if (normal_error)
 		return normal_error;
-	*pk = (KvPk){ .rows = { .dim = dim, .code_bits = code_bits },
+	*pk = (KvPk){ .rows = { .dim = dim, .code_bits = code_bits, .sigma = scale_sigma },
 		      .row_bytes = kvpk_row_bytes(dim, code_bits) };
 	for (int b = 0; b <= KVPK_MAX_BITS; b++) {
 		pk->rows.centroids[b] = normal_centroids[b];

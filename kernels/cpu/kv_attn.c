@@ -297,7 +297,7 @@ void kv_attn_pk_scores_ref(const KvPkRows *keys, const uint8_t *blk, const float
 		kvpk_column_unpack(col, b, idx);
 		col += (size_t)BT * b / 8;
 		const float *c = keys->centroids[b];
-		float s = kvpk_scale_of(sc[j / 2]);
+		float s = keys->sigma[sc[j / 2]];
 		for (int t = 0; t < BT; t++)
 			y[t] = c[idx[t]] * s;
 		for (int g = 0; g < G; g++) {

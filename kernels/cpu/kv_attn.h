@@ -167,6 +167,7 @@ typedef struct KvPkRows {
 	 * zeros (SIMD lookups load whole tables of 16 or 32).
 	 */
 	const float *centroids[KVPK_MAX_BITS + 1];
+	const float *sigma; /* [256]: kvpk_scale_of(s) of every scale byte s, a lookup, not an exp2f */
 } KvPkRows;
 
 /*

@@ -33,35 +33,38 @@ PK2_INLINE __m256 lookup8(const float *c, int b, __m256i idx)
 	return _mm256_i32gather_ps(c, idx, 4);
 }
 
-PK2_TARGET void kv_attn_pk_scores_avx2(const KvPkRows *keys, const uint8_t *blk, const float *q, int G,
-				       int n, float scale, float *scores, int ld)
+/* The kernel for G heads; see the AVX-512 twin for why G is made a constant. */
+PK2_INLINE void pk_scores(const KvPkRows *keys, const uint8_t *blk, const float *q, const int G, int n,
+			  float scale, float *scores, int ld)
 {
 	enum { BT = KV_BLOCK_TOKENS };
 	const int d = keys->dim;
 	const uint8_t *sc = kvpk_scales(blk, keys->code_bits), *widths = sc + d / 2;
 	__m256 acc[KVPK_MAX_GROUP][BT / 8];
-	assert(G <= KVPK_MAX_GROUP);
 	for (int g = 0; g < G; g++)
 		for (int r = 0; r < BT / 8; r++)
 			acc[g][r] = _mm256_setzero_ps();
 	const uint8_t *col = blk;
-	for (int j = 0; j < d; j++) {
-		int b = kvpk_width(widths, j / 2);
+	for (int i = 0; i < d / 2; i++) {
+		int b = kvpk_width(widths, i);
 		if (b == 0)
 			continue;
-		__m256i codes = kvpk_column_bytes(col, b);
-		col += (size_t)BT * b / 8;
-		__m256 s = _mm256_set1_ps(kvpk_scale_of(sc[j / 2]));
-		__m256 y[BT / 8];
-		__m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
-		y[0] = _mm256_mul_ps(lookup8(keys->centroids[b], b, _mm256_cvtepu8_epi32(lo)), s);
-		y[1] = _mm256_mul_ps(lookup8(keys->centroids[b], b, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), s);
-		y[2] = _mm256_mul_ps(lookup8(keys->centroids[b], b, _mm256_cvtepu8_epi32(hi)), s);
-		y[3] = _mm256_mul_ps(lookup8(keys->centroids[b], b, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), s);
-		for (int g = 0; g < G; g++) {
-			__m256 qj = _mm256_set1_ps(q[(size_t)g * d + j]);
-			for (int r = 0; r < BT / 8; r++)
-				acc[g][r] = _mm256_add_ps(acc[g][r], _mm256_mul_ps(qj, y[r]));
+		__m256 s = _mm256_set1_ps(keys->sigma[sc[i]]);
+		const float *c = keys->centroids[b];
+		for (int j = 2 * i; j < 2 * i + 2; j++) {
+			__m256i codes = kvpk_column_bytes(col, b);
+			col += (size_t)BT * b / 8;
+			__m256 y[BT / 8];
+			__m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
+			y[0] = _mm256_mul_ps(lookup8(c, b, _mm256_cvtepu8_epi32(lo)), s);
+			y[1] = _mm256_mul_ps(lookup8(c, b, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), s);
+			y[2] = _mm256_mul_ps(lookup8(c, b, _mm256_cvtepu8_epi32(hi)), s);
+			y[3] = _mm256_mul_ps(lookup8(c, b, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), s);
+			for (int g = 0; g < G; g++) {
+				__m256 qj = _mm256_set1_ps(q[(size_t)g * d + j]);
+				for (int r = 0; r < BT / 8; r++)
+					acc[g][r] = _mm256_add_ps(acc[g][r], _mm256_mul_ps(qj, y[r]));
+			}
 		}
 	}
 	__m256 vs = _mm256_set1_ps(scale);
@@ -71,5 +74,19 @@ PK2_TARGET void kv_attn_pk_scores_avx2(const KvPkRows *keys, const uint8_t *blk,
 			_mm256_storeu_ps(out + 8 * r, _mm256_mul_ps(acc[g][r], vs));
 		for (int t = 0; t < n; t++)
 			scores[(size_t)g * ld + t] = out[t];
+	}
+}
+
+PK2_TARGET void kv_attn_pk_scores_avx2(const KvPkRows *keys, const uint8_t *blk, const float *q, int G,
+				       int n, float scale, float *scores, int ld)
+{
+	assert(G >= 1 && G <= KVPK_MAX_GROUP);
+	switch (G) {
+#define PK2_CASE(g) \
+	case g: pk_scores(keys, blk, q, g, n, scale, scores, ld); return;
+		PK2_CASE(1) PK2_CASE(2) PK2_CASE(3) PK2_CASE(4)
+#undef PK2_CASE
+	default:
+		pk_scores(keys, blk, q, G, n, scale, scores, ld);
 	}
 }

@@ -31,5 +31,6 @@ kvpk_column_bytes(const uint8_t *col, int b)
 		memcpy(&v, col + g * b, 8);
 		w[g] = _pdep_u64(v, kvpk_spread[b]);
 	}
-	return _mm256_loadu_si256((const __m256i *)w);
+	/* inserted, not stored and reloaded: a 32-byte load of four 8-byte stores stalls forwarding */
+	return _mm256_set_epi64x((long long)w[3], (long long)w[2], (long long)w[1], (long long)w[0]);
 }

@@ -329,7 +329,7 @@ END_TEST
  * Pair-coded keys: the AVX2 and AVX-512 score kernels give the
  * reference's floats bit for bit (they do its products and sums in its
  * order), for every width from 0 to 8 bits per pair (loud and silent
- * pairs, an all-zero pair), 1..8 query heads and partial blocks.
+ * pairs, an all-zero pair), 1..9 and 16 query heads and partial blocks.
  */
 START_TEST(pk_kernels_match_reference)
 {
@@ -338,13 +338,14 @@ START_TEST(pk_kernels_match_reference)
 	static const struct { int dim; double bits; } cases[] = {
 		{ 64, 4 }, { 64, 5 }, { 64, 2.5 }, { 64, 8 }, { 128, 3 }, { 256, 4.5 }, { 16, 1 },
 	};
-	static const int groups[] = { 1, 3, 4, 8 }, lens[] = { 32, 17, 1 };
+	/* every specialised group size of the kernels and two beyond */
+	static const int groups[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16 }, lens[] = { 32, 17, 1 };
 	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
 		int d = cases[i].dim, P = d / 2;
 		KvPk pk;
 		ck_assert_int_eq(kvpk_init(&pk, d, (int)(cases[i].bits * d)), 0);
 		float *x = malloc(sizeof(float) * BT * d), *w = malloc(sizeof(float) * P);
-		float *q = malloc(sizeof(float) * 8 * d);
+		float *q = malloc(sizeof(float) * 16 * d);
 		uint8_t *blk = calloc(BT, pk.row_bytes);
 		ck_assert(x && w && q && blk);
 		for (int j = 0; j < P; j++) /* energies over orders of magnitude, one pair silent */
@@ -352,13 +353,13 @@ START_TEST(pk_kernels_match_reference)
 		for (int t = 0; t < BT; t++)
 			for (int j = 0; j < d; j++)
 				x[t * d + j] = j / 2 == 5 ? 0.0f : test_rand_normal(&st) * (1.0f + (float)(j % 7));
-		for (int j = 0; j < 8 * d; j++)
+		for (int j = 0; j < 16 * d; j++)
 			q[j] = test_rand_normal(&st);
 		kvpk_encode_block(&pk, x, BT, NULL, w, blk);
 		for (size_t g = 0; g < ARRAY_SIZE(groups); g++)
 			for (size_t l = 0; l < ARRAY_SIZE(lens); l++) {
 				int G = groups[g], n = lens[l];
-				float want[8 * BT], got[8 * BT];
+				float want[16 * BT], got[16 * BT];
 				memset(want, 0, sizeof(want));
 				kv_attn_pk_scores_ref(&pk.rows, blk, q, G, n, 0.125f, want, BT);
 				for (int level = 0; level < 2; level++) {
