@@ -15,8 +15,11 @@
 #   (default DEPTHS; llama-bench refills the context for every depth and
 #   repetition, and its prefill into a q4_0 cache is slow: minutes at 8000),
 #   JOBS (the run list of one round, overriding KVS / LLAMA_KVS, e.g.
-#   "ours:tq4 ours:f16 llama:q4_0 llama:f16"), LAB (build/tools/turbokv-lab/
-#   turbokv-lab), TURBOKV_REF (/opt/turbokv-ref), OUT (raw log,
+#   "ours:tq4 ours:f16 llama:q4_0 llama:f16"; "before:KV" runs LAB_BEFORE, an
+#   older turbokv-lab, for before/after figures), LAB (build/tools/turbokv-lab/
+#   turbokv-lab), LAB_BEFORE, TURBOKV_REF (/opt/turbokv-ref), LLAMA_BENCH
+#   (the peer of scripts/llamacpp-peer-build.sh when built, else the
+#   llama-cpp-python build of scripts/llamacpp-build.sh), OUT (raw log,
 #   /tmp/kv-depth.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +35,10 @@ LLAMA_REPS=${LLAMA_REPS:-1}
 KVS=${KVS:-f32 f16 q8_0 q4_0 tq4 tq3 tq4+qjl:tq4}
 LLAMA_KVS=${LLAMA_KVS:-f16 q4_0}
 TURBOKV_REF=${TURBOKV_REF:-/opt/turbokv-ref}
-LLAMA_BENCH=$TURBOKV_REF/build/bin/llama-bench
+if [[ -z ${LLAMA_BENCH:-} ]]; then
+	LLAMA_BENCH=$TURBOKV_REF/peer/build/bin/llama-bench
+	[[ -x $LLAMA_BENCH ]] || LLAMA_BENCH=$TURBOKV_REF/build/bin/llama-bench
+fi
 LAB=${LAB:-build/tools/turbokv-lab/turbokv-lab}
 OUT=${OUT:-/tmp/kv-depth.txt}
 [[ -x $LLAMA_BENCH ]] || { echo "no $LLAMA_BENCH: run scripts/llamacpp-build.sh" >&2; exit 1; }
@@ -47,13 +53,13 @@ trap 'rm -f "$RESULTS"' EXIT
 	echo "model: $MODEL; depths $DEPTHS (llama.cpp $LLAMA_DEPTHS); tg$TG; reps $REPS / llama $LLAMA_REPS"
 } | tee -a "$OUT"
 
-# One turbokv run: "name depth t/s" lines.
+# One turbokv run of lab $2 (default LAB) with cache $1: "name depth t/s" lines.
 run_ours() {
-	"$LAB" bench --model "$MODEL" -t "$THREADS" -p 0 -n "$TG" -r "$REPS" --depth "$DEPTHS" --kv "$1" --json |
+	"${2:-$LAB}" bench --model "$MODEL" -t "$THREADS" -p 0 -n "$TG" -r "$REPS" --depth "$DEPTHS" --kv "$1" --json |
 		python3 -c 'import json,sys
 d = json.load(sys.stdin)
 for r in d["results"]:
-    print("turbokv/" + d["kv"], r["depth"], r["tokens_per_s"])'
+    print(sys.argv[1] + d["kv"], r["depth"], r["tokens_per_s"])' "${3:-turbokv/}"
 }
 
 # One llama-bench run with -fa 1 and K/V type $1.
@@ -78,7 +84,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
 		read -r tool kv <<<"${jobs[$(((k + round - 1) % n))]}"
 		load=$(cut -d' ' -f1-3 /proc/loadavg)
 		start=$(date -u +%T)
-		if [[ $tool == ours ]]; then lines=$(run_ours "$kv"); else lines=$(run_llama "$kv"); fi
+		case $tool in
+		ours) lines=$(run_ours "$kv") ;;
+		before) lines=$(run_ours "$kv" "$LAB_BEFORE" before/) ;;
+		*) lines=$(run_llama "$kv") ;;
+		esac
 		while read -r name depth tps; do
 			printf 'round %d %s load %s: %-20s d%-5s %8.2f t/s\n' "$round" "$start" "$load" "$name" "$depth" "$tps" |
 				tee -a "$OUT"
@@ -108,6 +118,9 @@ print("\n| ratio | " + " | ".join(f"d{d}" for d in depths) + " |")
 print("|---|" + "---|" * len(depths))
 for a, b in [("turbokv/tq4", "turbokv/f16"), ("turbokv/tq4", "llama.cpp/q4_0"),
              ("turbokv/tq4", "llama.cpp/f16"), ("turbokv/f16", "llama.cpp/f16"),
-             ("turbokv/tq3", "turbokv/f16"), ("turbokv/q4_0", "llama.cpp/q4_0")]:
+             ("turbokv/tq3", "turbokv/f16"), ("turbokv/q4_0", "llama.cpp/q4_0"),
+             ("turbokv/pk5:tq3.5_nc", "turbokv/f16"), ("turbokv/pk5:tq3.5_nc", "llama.cpp/q4_0"),
+             ("turbokv/pk5:tq3.5_nc", "before/pk5:tq3.5_nc"), ("turbokv/f16", "before/f16"),
+             ("turbokv/tq4", "before/tq4")]:
     print(f"| {a} / {b} | " + " | ".join(ratio(a, b, d) for d in depths) + " |")
 PY

