@@ -44,6 +44,10 @@ OUT=${OUT:-/tmp/kv-depth.txt}
 [[ -x $LLAMA_BENCH ]] || { echo "no $LLAMA_BENCH: run scripts/llamacpp-build.sh" >&2; exit 1; }
 [[ -x $LAB ]] || { echo "no $LAB: run scripts/setup.sh" >&2; exit 1; }
 
+# Newer llama-bench spells flash attention on|off|auto, older 0|1.
+FA_ON=1
+"$LLAMA_BENCH" --help 2>&1 | grep -q -- '-fa.*on|off' && FA_ON=on
+
 RESULTS=$(mktemp)
 trap 'rm -f "$RESULTS"' EXIT
 
@@ -65,7 +69,7 @@ for r in d["results"]:
 # One llama-bench run with -fa 1 and K/V type $1.
 run_llama() {
 	"$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p 0 -n "$TG" -d "$LLAMA_DEPTHS" -r "$LLAMA_REPS" \
-		-fa 1 -ctk "$1" -ctv "$1" -o json 2>/dev/null |
+		-fa "$FA_ON" -ctk "$1" -ctv "$1" -o json 2>/dev/null |
 		python3 -c 'import json,sys
 for r in json.load(sys.stdin):
     print("llama.cpp/" + sys.argv[1], r.get("n_depth", 0), r["avg_ts"])' "$1"

@@ -52,6 +52,7 @@ static void features_detect(CpuFeatures *f)
 		/* F (16), DQ (17), BW (30), VL (31); XCR0 5..7: opmask and ZMM state */
 		unsigned need = 1u << 16 | 1u << 17 | 1u << 30 | 1u << 31;
 		f->avx512 = (b & need) == need && (xcr0 & 0xe6) == 0xe6;
+		f->avx512vbmi = f->avx512 && (c & (1u << 1));
 	}
 }
 #else
@@ -74,6 +75,7 @@ static void features_init(void)
 		features_detect(&detected);
 		detected_avx2_only = detected;
 		detected_avx2_only.avx512 = false;
+		detected_avx2_only.avx512vbmi = false;
 		atomic_store_explicit(&detect_state, 2, memory_order_release);
 		return;
 	}

@@ -8,6 +8,7 @@ typedef struct CpuFeatures {
 	bool fma;
 	bool f16c;
 	bool avx512; /* F, DQ, BW and VL, with the ZMM state saved by the OS */
+	bool avx512vbmi; /* VBMI (byte permutes, multishift), only with avx512 */
 } CpuFeatures;
 
 const CpuFeatures *cpu_features(void);

@@ -343,8 +343,15 @@ KvAttnSoftmaxFn kv_attn_softmax_get(void)
 	return kv_attn_have_avx2() ? kv_attn_softmax_avx2 : kv_attn_softmax_ref;
 }
 
+bool kv_attn_have_avx512vbmi(void)
+{
+	return cpu_features()->avx512vbmi && kv_attn_have_avx512();
+}
+
 KvAttnPkScoresFn kv_attn_pk_scores_get(void)
 {
+	if (kv_attn_have_avx512vbmi())
+		return kv_attn_pk_scores_avx512vbmi;
 	if (kv_attn_have_avx512())
 		return kv_attn_pk_scores_avx512;
 	return kv_attn_have_avx2() ? kv_attn_pk_scores_avx2 : kv_attn_pk_scores_ref;

@@ -184,6 +184,9 @@ void kv_attn_pk_scores_avx2(const KvPkRows *keys, const uint8_t *blk, const floa
 			    float scale, float *scores, int ld);
 void kv_attn_pk_scores_avx512(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
 			      float scale, float *scores, int ld);
+/* The same with VBMI (kv_attn_have_avx512vbmi()): its codes unpacked in the vector unit. */
+void kv_attn_pk_scores_avx512vbmi(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+				  float scale, float *scores, int ld);
 KvAttnPkScoresFn kv_attn_pk_scores_get(void);
 
 /*
@@ -205,6 +208,7 @@ KvAttnSoftmaxFn kv_attn_softmax_get(void);
 bool kv_attn_have_avx2(void);
 /* Whether the AVX-512 kernels may run (and AVX2 too; AVX-512 not disabled). */
 bool kv_attn_have_avx512(void);
+bool kv_attn_have_avx512vbmi(void); /* and VBMI: the pk kernel that unpacks codes in the vector unit */
 
 /* The kernels to use now: AVX-512, else AVX2 where allowed, else the references. */
 KvAttnScoresFn kv_attn_scores_get(void);

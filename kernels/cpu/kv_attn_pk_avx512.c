@@ -15,18 +15,44 @@
 #include "kernels/cpu/kv_attn.h"
 #include "kernels/cpu/kv_attn_pk_x86.h"
 
+/*
+ * Compiled twice: as itself, unpacking codes with BMI2's pdep, and from
+ * kv_attn_pk_avx512vbmi.c with PK5_VBMI set, unpacking them in the vector
+ * unit (vpmultishiftqb), for the CPUs that have VBMI.
+ */
+#ifndef PK5_VBMI
+#define PK5_VBMI 0
+#endif
+#if PK5_VBMI
+#define PK5_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c,bmi2")))
+#define PK5_NAME kv_attn_pk_scores_avx512vbmi
+#define PK5_COLUMN kvpk_column_bytes_vbmi
+#else
 #define PK5_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c,bmi2")))
+#define PK5_NAME kv_attn_pk_scores_avx512
+#define PK5_COLUMN kvpk_column_bytes
+#endif
 #define PK5_INLINE static inline __attribute__((always_inline)) PK5_TARGET
 
 /* Centroids c of the 16 codes in idx (dwords), b bits each. */
 PK5_INLINE __m512 lookup16(const float *c, int b, __m512i idx)
 {
 	/*
-	 * One permute for every width to 5 (the tables are zero beyond 2^b):
-	 * widths change pair by pair, and a branch per width mispredicts.
+	 * Permutes of 32 floats where the table is short enough (tables are
+	 * zero beyond 2^b, so every width to 5 takes one): a gather of 16
+	 * is far slower than two permutes and a blend.
 	 */
 	if (b <= 5)
 		return _mm512_permutex2var_ps(_mm512_loadu_ps(c), idx, _mm512_loadu_ps(c + 16));
+	if (b <= 7) { /* 2 or 4 tables of 32, picked by the code's bits above the fifth */
+		__m512i hi = _mm512_srli_epi32(idx, 5);
+		__m512 y = _mm512_permutex2var_ps(_mm512_loadu_ps(c), idx, _mm512_loadu_ps(c + 16));
+		for (int k = 1; k < 1 << (b - 5); k++) {
+			__m512 t = _mm512_permutex2var_ps(_mm512_loadu_ps(c + 32 * k), idx, _mm512_loadu_ps(c + 32 * k + 16));
+			y = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(hi, _mm512_set1_epi32(k)), y, t);
+		}
+		return y;
+	}
 	return _mm512_i32gather_ps(idx, c, 4);
 }
 
@@ -53,7 +79,7 @@ PK5_INLINE void pk_scores(const KvPkRows *keys, const uint8_t *blk, const float 
 		__m512 s = _mm512_set1_ps(keys->sigma[sc[i]]);
 		const float *c = keys->centroids[b];
 		for (int j = 2 * i; j < 2 * i + 2; j++) {
-			__m256i codes = kvpk_column_bytes(col, b);
+			__m256i codes = PK5_COLUMN(col, b);
 			col += (size_t)BT * b / 8;
 			__m512 y0 = _mm512_mul_ps(lookup16(c, b, _mm512_cvtepu8_epi32(_mm256_castsi256_si128(codes))), s);
 			__m512 y1 = _mm512_mul_ps(lookup16(c, b, _mm512_cvtepu8_epi32(_mm256_extracti128_si256(codes, 1))), s);
@@ -74,8 +100,8 @@ PK5_INLINE void pk_scores(const KvPkRows *keys, const uint8_t *blk, const float 
 	}
 }
 
-PK5_TARGET void kv_attn_pk_scores_avx512(const KvPkRows *keys, const uint8_t *blk, const float *q,
-					 int G, int n, float scale, float *scores, int ld)
+PK5_TARGET void PK5_NAME(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+			 float scale, float *scores, int ld)
 {
 	assert(G >= 1 && G <= KVPK_MAX_GROUP);
 	switch (G) {

@@ -362,15 +362,19 @@ START_TEST(pk_kernels_match_reference)
 				float want[16 * BT], got[16 * BT];
 				memset(want, 0, sizeof(want));
 				kv_attn_pk_scores_ref(&pk.rows, blk, q, G, n, 0.125f, want, BT);
-				for (int level = 0; level < 2; level++) {
-					if (level == 0 ? !kv_attn_have_avx2() : !kv_attn_have_avx512())
+				static const struct { KvAttnPkScoresFn fn; bool (*have)(void); const char *name; } levels[] = {
+					{ kv_attn_pk_scores_avx2, kv_attn_have_avx2, "AVX2" },
+					{ kv_attn_pk_scores_avx512, kv_attn_have_avx512, "AVX-512" },
+					{ kv_attn_pk_scores_avx512vbmi, kv_attn_have_avx512vbmi, "AVX-512 VBMI" },
+				};
+				for (size_t v = 0; v < ARRAY_SIZE(levels); v++) {
+					if (!levels[v].have())
 						continue;
 					memset(got, 0, sizeof(got));
-					(level ? kv_attn_pk_scores_avx512 : kv_attn_pk_scores_avx2)(&pk.rows, blk, q, G, n,
-												    0.125f, got, BT);
+					levels[v].fn(&pk.rows, blk, q, G, n, 0.125f, got, BT);
 					ck_assert_msg(memcmp(want, got, sizeof(want)) == 0,
 						      "pk%g dim %d, %d heads, %d rows: the %s kernel differs", cases[i].bits,
-						      d, G, n, level ? "AVX-512" : "AVX2");
+						      d, G, n, levels[v].name);
 				}
 			}
 		free(x);
@@ -521,6 +525,33 @@ static double time_lut_gather(const Case *c, int G)
 }
 #endif
 
+/* ns per key of a pk score kernel: pk<bits> keys, d = 64, G = 3, one block hot in L1, best of 7. */
+static double time_pk(KvAttnPkScoresFn fn, double bits, uint64_t *st)
+{
+	enum { BT = KV_BLOCK_TOKENS, D = 64 };
+	KvPk pk;
+	ck_assert_int_eq(kvpk_init(&pk, D, (int)(bits * D)), 0);
+	float x[BT * D], w[D / 2], q[3 * D], scores[3 * BT];
+	uint8_t *blk = calloc(BT, pk.row_bytes);
+	ck_assert(blk);
+	for (int j = 0; j < D / 2; j++) /* pair energies over orders of magnitude, as real keys */
+		w[j] = expf(2.0f * test_rand_normal(st));
+	for (int i = 0; i < BT * D; i++)
+		x[i] = test_rand_normal(st);
+	for (int i = 0; i < 3 * D; i++)
+		q[i] = test_rand_normal(st);
+	kvpk_encode_block(&pk, x, BT, NULL, w, blk);
+	double best = 1e30;
+	for (int round = 0; round < 7; round++) {
+		uint64_t t0 = now_ns();
+		for (int it = 0; it < 2000; it++)
+			fn(&pk.rows, blk, q, 3, BT, 0.125f, scores, BT);
+		best = fmin(best, (double)(now_ns() - t0) / (2000.0 * BT));
+	}
+	free(blk);
+	return best;
+}
+
 static void timing_avx512(const Case *c, const char *name)
 {
 	if (kv_attn_have_avx512())
@@ -565,6 +596,11 @@ START_TEST(timing)
 		timing_avx512(&c, plain[i].name);
 		case_free(&c);
 	}
+	for (int b = 4; b <= 5; b++)
+		fprintf(stderr, "kvattn timing pk%d      d=64 G=3, ns/key: scores ref %.1f, avx2 %.1f, avx512 %.1f, avx512vbmi %.1f\n",
+			b, time_pk(kv_attn_pk_scores_ref, b, &st), time_pk(kv_attn_pk_scores_avx2, b, &st),
+			kv_attn_have_avx512() ? time_pk(kv_attn_pk_scores_avx512, b, &st) : 0.0,
+			kv_attn_have_avx512vbmi() ? time_pk(kv_attn_pk_scores_avx512vbmi, b, &st) : 0.0);
 	static const char *const more[] = { "tq5", "tq3.5" }; /* the default type's key and value halves */
 	for (size_t i = 0; i < ARRAY_SIZE(more); i++) {
 		Case c;
