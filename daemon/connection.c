@@ -145,11 +145,10 @@ void connection_request_done(Connection *c, Request *r)
 	size_t i;
 	if (!connection_find(c, r->id, &i))
 		return;
-	if (c->manager->scheduler)
-		scheduler_remove(c->manager->scheduler, r);
 	memmove(c->requests + i, c->requests + i + 1, (c->n_requests - i - 1) * sizeof(Request *));
 	c->n_requests--;
-	request_free(r);
+	if (!scheduler_remove(c->manager->scheduler, r))
+		request_free(r);
 }
 
 static void connection_send_hello_reply(Connection *c, uint32_t version)
@@ -451,12 +450,13 @@ Connection *connection_free(Connection *c)
 			c->next->prev = c->prev;
 		m->n_connections--;
 	}
-	if (m->scheduler)
-		scheduler_forget(m->scheduler, c);
+	for (size_t i = 0; i < c->n_requests; i++)
+		if (!scheduler_remove(m->scheduler, c->requests[i]))
+			request_free(c->requests[i]);
+	c->n_requests = 0;
+	scheduler_forget(m->scheduler, c);
 	if (c->dead)
 		m->n_dead--;
-	for (size_t i = 0; i < c->n_requests; i++)
-		request_free(c->requests[i]);
 	sd_event_source_disable_unref(c->io);
 	frame_reader_free(c->reader);
 	frame_writer_free(c->writer);

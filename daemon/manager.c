@@ -17,6 +17,7 @@
 #include "daemon/manager.h"
 #include "daemon/scheduler.h"
 #include "daemon/sessions.h"
+#include "daemon/worker.h"
 #include "engine/kv/kvstore.h"
 #include "ipc/utf8.h"
 
@@ -37,6 +38,8 @@ Manager *manager_free(Manager *m)
 {
 	if (!m)
 		return NULL;
+	m->worker = worker_free(m->worker); /* finishes the job in flight while its requests exist */
+	sd_event_source_disable_unref(m->watchdog);
 	while (m->connections)
 		connection_free(m->connections);
 	m->sessions = sessions_free(m->sessions); /* after the requests gave their sessions back */
@@ -119,11 +122,41 @@ static int manager_setup_events(Manager *m)
 	if ((r = sd_event_add_signal(m->event, NULL, SIGTERM, manager_on_signal, m)) < 0 ||
 	    (r = sd_event_add_signal(m->event, NULL, SIGINT, manager_on_signal, m)) < 0)
 		return log_error_errno(r, "cannot watch signals: %m");
-	/* Pings WATCHDOG=1 at half of WatchdogSec= when the service sets one; a no-op otherwise. */
-	if ((r = sd_event_set_watchdog(m->event, true)) < 0)
+	return 0;
+}
+
+/* WATCHDOG=1 only while the worker is idle or makes progress (manager.h). */
+static int manager_on_watchdog(sd_event_source *s, uint64_t usec, void *userdata)
+{
+	Manager *m = userdata;
+	uint64_t since = worker_busy_since(m->worker), progress = m->run ? model_run_progress(m->run) : 0;
+	bool alive = since == 0 || progress != m->watchdog_progress ||
+		     now_ns() - since < m->watchdog_usec * 1000 / 2;
+	m->watchdog_progress = progress;
+	if (alive)
+		(void)sd_notify(false, "WATCHDOG=1");
+	else
+		log_warning("the worker has made no progress for %.1f s; not feeding the watchdog",
+			    (now_ns() - since) / 1e9);
+	(void)sd_event_source_set_time_relative(s, m->watchdog_usec / 4);
+	return 0;
+}
+
+static int manager_setup_watchdog(Manager *m)
+{
+	uint64_t usec = 0;
+	int r = sd_watchdog_enabled(false, &usec);
+	if (r < 0)
+		return log_error_errno(r, "cannot read WATCHDOG_USEC: %m");
+	if (r == 0 || usec == 0)
+		return 0;
+	m->watchdog_usec = usec;
+	r = sd_event_add_time_relative(m->event, &m->watchdog, CLOCK_MONOTONIC, usec / 4, 0, manager_on_watchdog, m);
+	if (r < 0)
 		return log_error_errno(r, "cannot set up the watchdog: %m");
-	if (r > 0)
-		log_info("watchdog enabled");
+	(void)sd_event_source_set_enabled(m->watchdog, SD_EVENT_ON);
+	(void)sd_event_source_set_description(m->watchdog, "watchdog");
+	log_info("watchdog enabled");
 	return 0;
 }
 
@@ -312,6 +345,10 @@ int manager_startup(Manager *m)
 		return log_error_errno(r, "cannot start %d threads: %m", cfg->threads);
 	if ((r = model_run_new(m->model, MANAGER_PREFILL_CHUNK, m->threads, &m->run)) != 0)
 		return log_error_errno(r < 0 ? r : -ENOMEM, "cannot allocate activations: %m");
+	if ((r = worker_new(m->event, &m->worker)) < 0)
+		return log_error_errno(r, "cannot start the worker thread: %m");
+	if ((r = manager_setup_watchdog(m)) < 0)
+		return r;
 	if ((r = scheduler_new(m, &m->scheduler)) < 0)
 		return log_error_errno(r, "cannot set up the scheduler: %m");
 	if ((r = sessions_new(m, &m->sessions)) < 0)
@@ -341,5 +378,6 @@ void manager_shutdown(Manager *m)
 	if (!m->stopping)
 		(void)sd_notify(false, "STOPPING=1");
 	(void)sd_notify(false, "STATUS=Stopped");
+	worker_drain(m->worker); /* the job in flight gives its sessions back */
 	sessions_save_all(m->sessions);
 }

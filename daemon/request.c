@@ -393,6 +393,7 @@ int request_new_consume_fds(Manager *m, Connection *c, const Turbokv__V1__Genera
 		k = error_set(err, -ENOMEM, "out of memory");
 		goto out;
 	}
+	r->manager = m;
 	r->conn = c;
 	r->id = g->request_id;
 	r->state = REQUEST_QUEUED;
@@ -444,7 +445,7 @@ static char *request_answer(const Request *r, Manager *m, size_t *ret_len)
  */
 static void request_session_release(Request *r)
 {
-	Manager *m = r->conn->manager;
+	Manager *m = r->manager;
 	SessionMessage *turns = TAKE_PTR(r->turns);
 	size_t n_turns = r->n_turns;
 
@@ -585,7 +586,7 @@ static int request_fail(Request *r, int k)
 		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
 	/* the device's own words go to the log, not to the client */
 	log_error("request %llu: evaluation failed (%d) on %s %s", (unsigned long long)r->id, k,
-		  r->conn->manager->device_name, backend_last_error(r->conn->manager->backend));
+		  r->manager->device_name, backend_last_error(r->manager->backend));
 	connection_send_error(r->conn, r->id, PROTOCOL_E_INTERNAL, "evaluation failed: %s",
 			      k < 0 ? strerror(-k) : "engine error");
 	return 1;
@@ -639,17 +640,13 @@ int request_decode_output(Request *r, Manager *m, float *logits, uint64_t eval_n
 	return 0;
 }
 
-int request_prefill(Request *r, Manager *m, size_t max_tokens)
+int request_prefill_output(Request *r, Manager *m, size_t n, int k, uint64_t eval_ns)
 {
 	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
 	Turbokv__V1__Progress p = TURBOKV__V1__PROGRESS__INIT;
-	size_t n = MIN(max_tokens, r->n_prompt - r->n_prefilled);
-	uint64_t t0 = now_ns();
-	int k;
 
-	assert(r->state == REQUEST_PREFILL && n > 0);
-	k = model_eval(m->model, m->run, r->kv, r->tokens + r->n_prefilled, (int64_t)n, r->logits, NULL);
-	r->prefill_ns += now_ns() - t0;
+	assert(r->state == REQUEST_PREFILL && n > 0 && n <= r->n_prompt - r->n_prefilled);
+	r->prefill_ns += eval_ns;
 	if (k != 0)
 		return request_fail(r, k);
 	r->n_prefilled += n;
