@@ -117,8 +117,8 @@ void connection_send_error(Connection *c, uint64_t request_id, int code, const c
 	connection_send(c, &msg);
 	if (request_id == 0) {
 		/* Connection-level: nothing more is read; close once this is written. */
-		log_info("client %llu (uid %u): %s: %s; closing", (unsigned long long)c->id,
-			 (unsigned)c->cred.uid, protocol_error_code_name(code), text);
+		log_info_ratelimited("client %llu (uid %u): %s: %s; closing", (unsigned long long)c->id,
+				     (unsigned)c->cred.uid, protocol_error_code_name(code), text);
 		c->closing = true;
 		connection_flush(c);
 	}
@@ -329,7 +329,9 @@ static void connection_handle_frame(Connection *c, const Frame *f)
 		return;
 	}
 
-	r = protocol_validate_client_message(msg, n_fds, &err);
+	r = protocol_check_encoded_strings(f->data, f->len, &err);
+	if (r == 0)
+		r = protocol_validate_client_message(msg, n_fds, &err);
 	if (r == 0 && !c->hello_done && msg->msg_case != TURBOKV__V1__CLIENT_MESSAGE__MSG_HELLO)
 		r = error_set(&err, PROTOCOL_E_HELLO_REQUIRED, "the first message must be Hello");
 	else if (r == 0 && c->hello_done && msg->msg_case == TURBOKV__V1__CLIENT_MESSAGE__MSG_HELLO)
@@ -366,9 +368,20 @@ static void connection_read(Connection *c)
 		int r = fdpass_recv(c->fd, buf, sizeof(buf), c->fds, &n);
 		if (r == -EAGAIN || r == -EINTR)
 			return;
+		if (r == FDPASS_E_CTRUNC) {
+			connection_send_error(c, 0, PROTOCOL_E_BAD_MESSAGE,
+					      "more than %u descriptors sent with one message", (unsigned)FDPASS_MAX_FDS);
+			return;
+		}
+		if (r == FDPASS_E_TOO_MANY_FDS) {
+			connection_send_error(c, 0, PROTOCOL_E_TOO_MANY_REQUESTS,
+					      "too many descriptors waiting for their frames (at most %zu)",
+					      (size_t)FDPASS_DEFAULT_QUEUED);
+			return;
+		}
 		if (r != 0) {
-			log_info("client %llu: receive failed: %s; dropping it", (unsigned long long)c->id,
-				 r > 0 ? fdpass_error_name(r) : strerror(-r));
+			log_info_ratelimited("client %llu: receive failed: %s; dropping it", (unsigned long long)c->id,
+					     r > 0 ? fdpass_error_name(r) : strerror(-r));
 			connection_kill(c);
 			return;
 		}

@@ -24,6 +24,8 @@ struct Listener {
 	int fd;
 	sd_event_source *io;
 	char *path;      /* our own socket file, unlinked at the end; NULL when activated */
+	dev_t dev;       /* of path as we bound it: only that file is ours to unlink */
+	ino_t ino;
 	bool activated;
 };
 
@@ -130,6 +132,11 @@ static int listener_bind(Listener *l, const char *path)
 		return -ENOMEM;
 	if (chmod(path, root ? 0660 : 0600) < 0)
 		return log_error_errno(-errno, "cannot set the mode of %s: %m", path);
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return log_error_errno(-errno, "cannot stat %s: %m", path);
+	l->dev = st.st_dev;
+	l->ino = st.st_ino;
 	if (listen(l->fd, SOMAXCONN) < 0)
 		return log_error_errno(-errno, "cannot listen on %s: %m", path);
 	log_info("listening on %s (mode %s)", path, root ? "0660" : "0600");
@@ -196,7 +203,10 @@ Listener *listener_free(Listener *l)
 	sd_event_source_disable_unref(l->io);
 	safe_close(l->fd);
 	if (l->path) {
-		unlink(l->path);
+		/* Only the file we bound: a daemon started after us may have replaced it. */
+		struct stat st;
+		if (lstat(l->path, &st) == 0 && st.st_dev == l->dev && st.st_ino == l->ino)
+			(void)unlink(l->path);
 		free(l->path);
 	}
 	free(l);

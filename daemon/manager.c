@@ -107,20 +107,56 @@ static int manager_on_signal(sd_event_source *s, const struct signalfd_siginfo *
 	return 0;
 }
 
+/* SIGUSR1: one line of state in the log. */
+static int manager_on_usr1(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata)
+{
+	Manager *m = userdata;
+	log_info("status: %u connections, %u requests active, %u queued, %u sessions in memory (%llu bytes), "
+		 "%llu tokens generated, up %llu s", m->n_connections, scheduler_n_active(m->scheduler),
+		 scheduler_n_queued(m->scheduler), sessions_n_in_memory(m->sessions),
+		 (unsigned long long)sessions_memory_bytes(m->sessions), (unsigned long long)m->tokens_generated,
+		 (unsigned long long)(manager_uptime_ms(m) / 1000));
+	return 0;
+}
+
+/* SIGUSR2: save every dirty session now (a checkpoint before a backup, say). */
+static int manager_on_usr2(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata)
+{
+	Manager *m = userdata;
+	log_info("received SIGUSR2; saving sessions");
+	sessions_save_all(m->sessions);
+	return 0;
+}
+
+/*
+ * Signals: SIGTERM, SIGINT and SIGHUP stop the daemon cleanly (sessions
+ * saved, the socket file removed); SIGUSR1 logs a status line, SIGUSR2
+ * saves sessions; SIGPIPE is ignored (a client or a stderr pipe that went
+ * away is an error return, not our death). All are taken through the
+ * event loop (signalfd), blocked in every thread.
+ */
 static int manager_setup_events(Manager *m)
 {
+	static const int stop[] = { SIGTERM, SIGINT, SIGHUP };
 	sigset_t mask;
 	int r;
 
 	if ((r = sd_event_default(&m->event)) < 0)
 		return log_error_errno(r, "cannot create the event loop: %m");
+	if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+		return log_error_errno(-errno, "cannot ignore SIGPIPE: %m");
 	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
+	for (size_t i = 0; i < ARRAY_SIZE(stop); i++)
+		sigaddset(&mask, stop[i]);
+	sigaddset(&mask, SIGUSR1);
+	sigaddset(&mask, SIGUSR2);
 	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
 		return log_error_errno(-errno, "cannot block signals: %m");
-	if ((r = sd_event_add_signal(m->event, NULL, SIGTERM, manager_on_signal, m)) < 0 ||
-	    (r = sd_event_add_signal(m->event, NULL, SIGINT, manager_on_signal, m)) < 0)
+	for (size_t i = 0; i < ARRAY_SIZE(stop); i++)
+		if ((r = sd_event_add_signal(m->event, NULL, stop[i], manager_on_signal, m)) < 0)
+			return log_error_errno(r, "cannot watch signals: %m");
+	if ((r = sd_event_add_signal(m->event, NULL, SIGUSR1, manager_on_usr1, m)) < 0 ||
+	    (r = sd_event_add_signal(m->event, NULL, SIGUSR2, manager_on_usr2, m)) < 0)
 		return log_error_errno(r, "cannot watch signals: %m");
 	return 0;
 }

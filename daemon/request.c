@@ -58,6 +58,40 @@ static int attachment_error_code(int r)
 	}
 }
 
+/* The longest head: every byte of the longest name escaped as "&#NN;" (6 bytes). */
+#define ATTACHMENT_HEAD_BYTES (PROTOCOL_MAX_NAME_BYTES * 6 + 32)
+
+/*
+ * `<attachment name="NAME">\n` with NAME escaped (request.h): a name cannot
+ * close the attribute or the tag, nor start a line of its own.
+ */
+static void attachment_head(const char *name, char *buf, size_t size)
+{
+	size_t n = 0;
+	n += (size_t)snprintf(buf, size, "<attachment name=\"");
+	for (const char *p = name; *p && n + 8 < size; p++) {
+		const char *e = NULL;
+		char num[8];
+		switch (*p) {
+		case '&': e = "&amp;"; break;
+		case '"': e = "&quot;"; break;
+		case '<': e = "&lt;"; break;
+		case '>': e = "&gt;"; break;
+		default:
+			if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+				snprintf(num, sizeof(num), "&#%d;", *p);
+				e = num;
+			}
+		}
+		if (e) {
+			memcpy(buf + n, e, strlen(e));
+			n += strlen(e);
+		} else
+			buf[n++] = *p;
+	}
+	snprintf(buf + n, size - n, "\">\n");
+}
+
 /*
  * The text of every attachment, framed as request.h documents, into b.
  * A text that certainly has more tokens than the context is refused here,
@@ -71,7 +105,7 @@ static int attachments_read(Manager *m, const Turbokv__V1__Generate *g, const in
 		const Turbokv__V1__Attachment *a = g->attachments[i];
 		MemfdMapping map = { 0 };
 		Error e = { 0 };
-		char head[PROTOCOL_MAX_NAME_BYTES + 32];
+		char head[ATTACHMENT_HEAD_BYTES];
 		int r;
 
 		r = memfd_map_text(fds[a->fd_index], PROTOCOL_MAX_ATTACHMENT_BYTES, &map, &e);
@@ -79,10 +113,11 @@ static int attachments_read(Manager *m, const Turbokv__V1__Generate *g, const in
 			return error_set(err, attachment_error_code(r), "attachments[%zu]: %s", i,
 					 e.msg[0] ? e.msg : strerror(r < 0 ? -r : EINVAL));
 		if (map.size != a->size) {
+			size_t real = map.size; /* before the release clears it */
 			memfd_mapping_release(&map);
 			return error_set(err, PROTOCOL_E_ATTACHMENT_SIZE_MISMATCH,
 					 "attachments[%zu]: size says %llu bytes, the memfd holds %zu", i,
-					 (unsigned long long)a->size, map.size);
+					 (unsigned long long)a->size, real);
 		}
 		total += map.size;
 		if (total / m->max_piece_bytes > (uint64_t)m->n_ctx) {
@@ -91,7 +126,7 @@ static int attachments_read(Manager *m, const Turbokv__V1__Generate *g, const in
 					 "attachments of %llu bytes cannot fit a context of %lld tokens",
 					 (unsigned long long)total, (long long)m->n_ctx);
 		}
-		snprintf(head, sizeof(head), "<attachment name=\"%s\">\n", a->name ? a->name : "");
+		attachment_head(a->name ? a->name : "", head, sizeof(head));
 		r = buf_append(b, head, strlen(head));
 		if (r == 0)
 			r = buf_append(b, map.data, map.size);

@@ -20,6 +20,11 @@
  *
  * so the model reads the documents and then the question about them. A
  * chat without a user message gets one holding just the attachments.
+ * NAME is escaped as in XML: & " < > as &amp; &quot; &lt; &gt;, control
+ * characters (tab, newline...) as &#N;, so a name can neither close the
+ * tag nor fake the end of the document. Attachment texts and prompts
+ * holding U+0000 are refused (ATTACHMENT_NOT_UTF8, BAD_MESSAGE), never
+ * cut short.
  *
  * Context: a prompt that does not fit the context, or (with
  * CONTEXT_POLICY_ERROR and max_tokens > 0) that leaves less than
