@@ -117,6 +117,7 @@ void connection_send_error(Connection *c, uint64_t request_id, int code, const c
 	connection_send(c, &msg);
 	if (request_id == 0) {
 		/* Connection-level: nothing more is read; close once this is written. */
+		c->closing_ns = now_ns();
 		log_info_ratelimited("client %llu (uid %u): %s: %s; closing", (unsigned long long)c->id,
 				     (unsigned)c->cred.uid, protocol_error_code_name(code), text);
 		c->closing = true;
@@ -145,6 +146,7 @@ void connection_request_done(Connection *c, Request *r)
 	size_t i;
 	if (!connection_find(c, r->id, &i))
 		return;
+	c->active_ns = now_ns(); /* idle from the end of its last request */
 	memmove(c->requests + i, c->requests + i + 1, (c->n_requests - i - 1) * sizeof(Request *));
 	c->n_requests--;
 	if (!scheduler_remove(c->manager->scheduler, r))
@@ -218,6 +220,10 @@ static void connection_generate(Connection *c, const Turbokv__V1__Generate *g, i
 	else if (c->n_requests >= MANAGER_MAX_REQUESTS_PER_CLIENT)
 		k = error_set(&err, PROTOCOL_E_TOO_MANY_REQUESTS, "at most %u requests may be in flight",
 			      MANAGER_MAX_REQUESTS_PER_CLIENT);
+	else if (connection_uid_usage(m, c->cred.uid).requests >= MANAGER_MAX_REQUESTS_PER_UID)
+		k = error_set(&err, PROTOCOL_E_TOO_MANY_REQUESTS,
+			      "your connections have %u requests in flight, the most one user may have",
+			      MANAGER_MAX_REQUESTS_PER_UID);
 	else {
 		k = request_new_consume_fds(m, c, g, fds, n_fds, &r, &err);
 		n_fds = 0;
@@ -375,8 +381,8 @@ static void connection_read(Connection *c)
 		}
 		if (r == FDPASS_E_TOO_MANY_FDS) {
 			connection_send_error(c, 0, PROTOCOL_E_TOO_MANY_REQUESTS,
-					      "too many descriptors waiting for their frames (at most %zu)",
-					      (size_t)FDPASS_DEFAULT_QUEUED);
+					      "too many descriptors waiting for their frames (at most %u)",
+					      CONNECTION_MAX_PARKED_FDS);
 			return;
 		}
 		if (r != 0) {
@@ -390,14 +396,23 @@ static void connection_read(Connection *c)
 			connection_kill(c);
 			return;
 		}
+		if (fd_queue_size(c->fds) > 0 &&
+		    connection_uid_usage(c->manager, c->cred.uid).parked_fds > MANAGER_MAX_PARKED_FDS_PER_UID) {
+			connection_send_error(c, 0, PROTOCOL_E_BUSY,
+					      "your connections hold more than %u descriptors for unfinished messages",
+					      MANAGER_MAX_PARKED_FDS_PER_UID);
+			return;
+		}
 		r = frame_reader_feed(c->reader, buf, n, &err);
 		if (r != 0) {
 			connection_send_error(c, 0, PROTOCOL_E_BAD_FRAME, "%s", r > 0 ? err.msg : strerror(-r));
 			return;
 		}
 		Frame f;
-		while (!c->dead && !c->closing && frame_reader_pop(c->reader, &f) == 0)
+		while (!c->dead && !c->closing && frame_reader_pop(c->reader, &f) == 0) {
+			c->active_ns = now_ns();
 			connection_handle_frame(c, &f);
+		}
 	}
 }
 
@@ -429,12 +444,13 @@ int connection_new_consume_fd(Manager *m, int fd, Connection **ret)
 	c->manager = m;
 	c->fd = fd;
 	c->id = ++m->next_connection_id;
+	c->created_ns = c->active_ns = now_ns();
 	/* The kernel holds no more than we would: a client that does not read is paused sooner. */
 	int sndbuf = (int)m->config->client_buffer;
 	(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 	if ((r = peercred_get(fd, &c->cred)) < 0 || (r = frame_reader_new(PROTOCOL_MAX_FRAME_BYTES, &c->reader)) < 0 ||
 	    (r = frame_writer_new(PROTOCOL_MAX_FRAME_BYTES, &c->writer)) < 0 ||
-	    (r = fd_queue_new(0, &c->fds)) < 0 ||
+	    (r = fd_queue_new(CONNECTION_MAX_PARKED_FDS, &c->fds)) < 0 ||
 	    (r = sd_event_add_io(m->event, &c->io, fd, EPOLLIN, connection_on_io, c)) < 0) {
 		connection_free(c);
 		return r;
@@ -488,4 +504,58 @@ void connection_shutdown(Connection *c)
 	}
 	c->closing = true;
 	connection_flush(c);
+}
+
+ConnectionUsage connection_uid_usage(const Manager *m, uid_t uid)
+{
+	ConnectionUsage u = { 0 };
+	for (const Connection *c = m->connections; c; c = c->next)
+		if (c->cred.uid == uid && !c->dead) {
+			u.connections++;
+			u.requests += (unsigned)c->n_requests;
+			u.parked_fds += fd_queue_size(c->fds);
+		}
+	return u;
+}
+
+void connection_check_timeouts(Connection *c, uint64_t now)
+{
+	const Config *cfg = c->manager->config;
+	uint64_t idle_ns = (uint64_t)cfg->idle_timeout_s * 1000000000ull;
+	uint64_t hello_ns = (uint64_t)MANAGER_HELLO_TIMEOUT_S * 1000000000ull;
+
+	if (c->dead)
+		return;
+	if (c->closing) {
+		/* An Error it does not read: drop it rather than hold its slot. */
+		if (now - c->closing_ns > (uint64_t)MANAGER_CLOSE_TIMEOUT_S * 1000000000ull)
+			connection_kill(c);
+		return;
+	}
+	if (idle_ns && idle_ns < hello_ns)
+		hello_ns = idle_ns;
+	if (!c->hello_done && now - c->created_ns > hello_ns)
+		connection_send_error(c, 0, PROTOCOL_E_TIMEOUT, "no Hello within %.0f s of connecting", hello_ns / 1e9);
+	else if (c->hello_done && idle_ns && c->n_requests == 0 && now - c->active_ns > idle_ns)
+		connection_send_error(c, 0, PROTOCOL_E_TIMEOUT, "idle for %u s; connect again when needed",
+				      cfg->idle_timeout_s);
+}
+
+void connection_refuse_consume_fd(int fd, int code, const char *message)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__Error e = TURBOKV__V1__ERROR__INIT;
+	uint8_t buf[4 + 512];
+
+	e.code = (Turbokv__V1__ErrorCode)code;
+	e.message = (char *)message;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_ERROR;
+	msg.error = &e;
+	size_t len = turbokv__v1__server_message__get_packed_size(&msg);
+	if (len + 4 <= sizeof(buf)) {
+		put_le(buf, len, 4);
+		turbokv__v1__server_message__pack(&msg, buf + 4);
+		(void)!send(fd, buf, len + 4, MSG_DONTWAIT | MSG_NOSIGNAL);
+	}
+	safe_close(fd);
 }

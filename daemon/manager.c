@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,7 @@ Manager *manager_free(Manager *m)
 		return NULL;
 	m->worker = worker_free(m->worker); /* finishes the job in flight while its requests exist */
 	sd_event_source_disable_unref(m->watchdog);
+	sd_event_source_disable_unref(m->sweep);
 	while (m->connections)
 		connection_free(m->connections);
 	m->sessions = sessions_free(m->sessions); /* after the requests gave their sessions back */
@@ -175,6 +177,40 @@ static int manager_on_watchdog(sd_event_source *s, uint64_t usec, void *userdata
 		log_warning("the worker has made no progress for %.1f s; not feeding the watchdog",
 			    (now_ns() - since) / 1e9);
 	(void)sd_event_source_set_time_relative(s, m->watchdog_usec / 4);
+	return 0;
+}
+
+/* Every second: Hello, idle and close timeouts of every connection. */
+static int manager_on_sweep(sd_event_source *s, uint64_t usec, void *userdata)
+{
+	Manager *m = userdata;
+	uint64_t now = now_ns();
+	for (Connection *c = m->connections; c; c = c->next)
+		connection_check_timeouts(c, now);
+	manager_gc(m);
+	(void)sd_event_source_set_time_relative(s, 1000 * 1000);
+	return 0;
+}
+
+/*
+ * Descriptors: the soft RLIMIT_NOFILE up to the hard one (clients and
+ * their attachments need them; bounds.h says what happens when they run
+ * out anyway), and the sweep of connection timeouts.
+ */
+static int manager_setup_limits(Manager *m)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rlim_t want = rl.rlim_max == RLIM_INFINITY ? 65536 : rl.rlim_max;
+		rl.rlim_cur = MAX(rl.rlim_cur, want);
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			log_warning("cannot raise the descriptor limit to %llu: %m", (unsigned long long)rl.rlim_cur);
+	}
+	int r = sd_event_add_time_relative(m->event, &m->sweep, CLOCK_MONOTONIC, 1000 * 1000, 0, manager_on_sweep, m);
+	if (r < 0)
+		return log_error_errno(r, "cannot set up the connection timeouts: %m");
+	(void)sd_event_source_set_enabled(m->sweep, SD_EVENT_ON);
+	(void)sd_event_source_set_description(m->sweep, "timeouts");
 	return 0;
 }
 
@@ -383,7 +419,7 @@ int manager_startup(Manager *m)
 		return log_error_errno(r < 0 ? r : -ENOMEM, "cannot allocate activations: %m");
 	if ((r = worker_new(m->event, &m->worker)) < 0)
 		return log_error_errno(r, "cannot start the worker thread: %m");
-	if ((r = manager_setup_watchdog(m)) < 0)
+	if ((r = manager_setup_watchdog(m)) < 0 || (r = manager_setup_limits(m)) < 0)
 		return r;
 	if ((r = scheduler_new(m, &m->scheduler)) < 0)
 		return log_error_errno(r, "cannot set up the scheduler: %m");

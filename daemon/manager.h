@@ -29,6 +29,7 @@
 #include <systemd/sd-event.h>
 
 #include "daemon/config.h"
+#include "daemon/bounds.h"
 #include "engine/kv/kvtype.h"
 #include "engine/model/model.h"
 #include "engine/text/chat.h"
@@ -41,13 +42,6 @@ typedef struct Scheduler Scheduler;
 typedef struct Sessions Sessions;
 typedef struct Worker Worker;
 
-/* Limits the daemon enforces on each client (sent in HelloReply). */
-#define MANAGER_MAX_REQUESTS_PER_CLIENT 8u
-#define MANAGER_MAX_ACTIVE_REQUESTS 16u   /* requests prefilling or decoding at once, all clients */
-#define MANAGER_MAX_CONNECTIONS 256u
-#define MANAGER_KV_SEED 0                 /* TurboQuant codec seed of every request's cache */
-#define MANAGER_PREFILL_CHUNK 512         /* prompt tokens evaluated per scheduler step */
-
 typedef struct Manager {
 	const Config *config;   /* borrowed */
 	sd_event *event;
@@ -56,6 +50,7 @@ typedef struct Manager {
 	Sessions *sessions;     /* named sessions (sessions.h) */
 	Worker *worker;         /* model work and file I/O, off the loop (worker.h) */
 	sd_event_source *watchdog;
+	sd_event_source *sweep;  /* every second: connection timeouts (bounds.h) */
 	uint64_t watchdog_usec;
 	uint64_t watchdog_progress; /* model_run_progress() at the last tick */
 

@@ -266,6 +266,133 @@ def case_small(args, tmp):
     d.stop()
 
 
+def expect_refused(conn, code):
+    """The next message is Error{0, code}, then EOF; returns its text."""
+    m = conn.recv()
+    assert m is not None and m[0] == "error", m
+    assert w.first(m[1], 1) == 0 and w.first(m[1], 2) == w.E[code], m
+    assert conn.recv() is None
+    return w.first(m[1], 3).decode()
+
+
+def cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def park_fds(conn, n_batches):
+    """Start a frame that never ends, with 16 descriptors per sendmsg(): they wait for their frame."""
+    sent = 0
+    for i in range(n_batches):
+        fds = [w.memfd_with(b"x") for _ in range(16)]
+        data = struct.pack("<I", 1 << 20) + b"\x12" if i == 0 else b"\x00"
+        try:
+            socket.send_fds(conn.sock, [data], fds)
+            sent += 1
+        except OSError:
+            pass
+        for fd in fds:
+            os.close(fd)
+    return sent
+
+
+def case_exhaustion(args, tmp):
+    """Connections, parked descriptors and silence are bounded per uid; EMFILE sheds clients without spinning."""
+    os.chmod(tmp, 0o755)
+    d = Daemon(args, tmp, extra=["--connections-per-user", "4", "--idle-timeout", "2"])
+    d.wait_ready()
+    os.chmod(os.path.dirname(d.sock), 0o755)
+    os.chmod(d.sock, 0o666)
+    # 1. One uid holds its 4 connections: the 5th is told BUSY; another uid still gets in.
+    hogs = [w.Conn(d.sock) for _ in range(4)]
+    for h in hogs:
+        h.hello()
+    extra = w.Conn(d.sock)
+    assert "connections" in expect_refused(extra, "BUSY")
+    if os.getuid() == 0:
+        out = td.sess_as_uid(d, 65534, lambda d: {"tokens": ask(d, PROMPTS[0]).tokens})
+        assert out["tokens"] == td.golden(args, PROMPTS[0])["tokens"], out
+    # 2. Idle ones are closed with TIMEOUT (--idle-timeout 2), a silent one (no Hello) too.
+    t0 = time.monotonic()
+    for h in hogs:
+        assert "idle" in expect_refused(h, "TIMEOUT")
+    assert time.monotonic() - t0 < 10
+    time.sleep(0.2)
+    silent = w.Conn(d.sock, timeout=30)
+    t0 = time.monotonic()
+    assert "Hello" in expect_refused(silent, "TIMEOUT")
+    assert time.monotonic() - t0 < 5
+    # A connection busy with a request is not idle: its answer arrives whole.
+    check_answer(args, ask(d, PROMPTS[1]), PROMPTS[1])
+    d.stop()
+
+    # 3. Descriptors parked in frames that never end: bounded per connection (32) and per uid (128).
+    tmp2 = os.path.join(tmp, "fds")
+    os.makedirs(tmp2)
+    d = Daemon(args, tmp2, extra=["--connections-per-user", "250"])
+    d.wait_ready()
+    c = w.Conn(d.sock)
+    c.hello()
+    park_fds(c, 3)  # 48 > 32 on one connection
+    assert "descriptors" in expect_refused(c, "TOO_MANY_REQUESTS")
+    parkers = []
+    for i in range(5):  # 5 x 32 > 128 for the uid
+        p = w.Conn(d.sock)
+        p.hello()
+        park_fds(p, 2)
+        parkers.append(p)
+    time.sleep(0.5)
+    refused = 0
+    for p in parkers:
+        p.sock.settimeout(0.5)
+        try:
+            m = p.recv()
+        except socket.timeout:
+            continue
+        assert m is not None and m[0] == "error" and w.first(m[1], 2) == w.E["BUSY"], m
+        refused += 1
+    assert refused >= 1, "no connection was refused for parking too many descriptors"
+    for p in parkers:
+        p.close()
+    check_answer(args, ask(d, PROMPTS[0]), PROMPTS[0])
+
+    # 4. Out of descriptors (RLIMIT_NOFILE 64 from now on): clients beyond it are told BUSY,
+    # the loop does not spin on EMFILE, and once they go everyone is served again.
+    import resource
+    resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (64, 64))
+    conns = []
+    for i in range(120):
+        try:
+            conns.append(w.Conn(d.sock, timeout=5))
+        except OSError:
+            break
+    time.sleep(0.5)
+    cpu0 = cpu_seconds(d.proc.pid)
+    time.sleep(2)
+    cpu = cpu_seconds(d.proc.pid) - cpu0
+    print("%d connections held; daemon CPU %.2f s in 2 s while out of descriptors" % (len(conns), cpu))
+    assert cpu < 0.5, "the daemon spins on EMFILE: %.2f s of CPU in 2 s" % cpu
+    busy = 0
+    for cn in conns:
+        cn.sock.settimeout(0.2)
+        try:
+            m = cn.recv()
+        except (socket.timeout, OSError):
+            continue
+        if m is not None and m[0] == "error" and w.first(m[1], 2) == w.E["BUSY"]:
+            busy += 1
+    assert busy >= 1, "no client was told BUSY"
+    for cn in conns:
+        cn.close()
+    time.sleep(2.5)  # the back-off ends
+    check_answer(args, ask(d, PROMPTS[1]), PROMPTS[1])
+    log = "".join(d.stderr)
+    assert "accept failed" in log, "the descriptor table never filled"
+    assert log.count("accept failed") <= 25, "EMFILE lines are not rate-limited: %d" % log.count("accept failed")
+    d.stop()
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
