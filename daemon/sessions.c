@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +39,7 @@ struct Session {
 
 struct Sessions {
 	Manager *m;
+	int lock_fd;            /* <state-dir>/turbokvd.lock, flock()ed while we run */
 	int root_fd;            /* <state-dir>/sessions */
 	Session **all;          /* (n,) every known session, all uids */
 	size_t n, cap;
@@ -91,19 +93,35 @@ static void file_name(const Session *s, char *buf, size_t size)
 	snprintf(buf, size, "%s" SESSION_FILE_SUFFIX, s->name);
 }
 
-/* Move a file that failed its checks aside, untouched. */
-static void quarantine(Sessions *ss, Session *s, int dir_fd)
+/*
+ * Move a file that failed its checks aside, untouched, into the uid's
+ * quarantine/ (created 0700). Everything is relative to the uid's
+ * directory fd and quarantine/ is opened O_NOFOLLOW | O_DIRECTORY: a
+ * symlink (or a file) planted there does not send the file elsewhere.
+ */
+static bool quarantine(Sessions *ss, Session *s, int dir_fd)
 {
+	bool moved = false;
 	char from[128], to[160];
 	file_name(s, from, sizeof(from));
-	snprintf(to, sizeof(to), "quarantine/%s.%lld", from, (long long)unix_ms());
+	snprintf(to, sizeof(to), "%s.%lld", from, (long long)unix_ms());
 	if (mkdirat(dir_fd, "quarantine", 0700) < 0 && errno != EEXIST)
 		log_error("uid %u: cannot create the quarantine folder: %m", (unsigned)s->uid);
-	if (renameat(dir_fd, from, dir_fd, to) < 0)
+	int qfd = openat(dir_fd, "quarantine", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (qfd < 0) {
+		log_error("uid %u: %s/sessions/%u/quarantine is not a folder we can use (%m); session file %s left "
+			  "in place", (unsigned)s->uid, ss->m->config->state_dir, (unsigned)s->uid, from);
+		return false;
+	}
+	if (renameat(dir_fd, from, qfd, to) < 0)
 		log_error("uid %u: cannot quarantine session file %s: %m", (unsigned)s->uid, from);
-	else
-		log_warning("uid %u: session '%s' moved to %s/sessions/%u/%s", (unsigned)s->uid, s->name,
+	else {
+		log_warning("uid %u: session '%s' moved to %s/sessions/%u/quarantine/%s", (unsigned)s->uid, s->name,
 			    ss->m->config->state_dir, (unsigned)s->uid, to);
+		moved = true;
+	}
+	safe_close(qfd);
+	return moved;
 }
 
 /* ---- the table ---- */
@@ -230,9 +248,11 @@ static void sessions_scan_uid(Sessions *ss, uid_t uid)
 		s->last_used_ns = 0; /* older than anything used since startup */
 		uint8_t h[SESSION_HEADER_BYTES];
 		SessionHeader hd;
-		int hfd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		/* O_NONBLOCK and a type check on the fd: what was a file a moment ago may be a FIFO now */
+		int hfd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
 		if (hfd >= 0) {
-			if (read(hfd, h, sizeof(h)) == (ssize_t)sizeof(h) && session_peek(h, sizeof(h), &hd, NULL) == 0)
+			if (fstat(hfd, &st) == 0 && S_ISREG(st.st_mode) && read(hfd, h, sizeof(h)) == (ssize_t)sizeof(h) &&
+			    session_peek(h, sizeof(h), &hd, NULL) == 0)
 				s->n_tokens = hd.n_tokens;
 			safe_close(hfd);
 		}
@@ -343,6 +363,42 @@ static int mkdir_parents(const char *path)
 	return 0;
 }
 
+/*
+ * One daemon per state directory: an exclusive flock() on
+ * <state-dir>/turbokvd.lock (holding the pid of its owner), kept until
+ * exit. The kernel drops it when the process dies, however it dies.
+ * Returns 0, or -EBUSY (logged, naming the holder) or -errno.
+ */
+static int state_dir_lock(Sessions *ss, int dfd, const char *dir)
+{
+	int fd = openat(dfd, SESSIONS_LOCK_FILE, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0600);
+	struct stat st;
+	if (fd < 0)
+		return log_error_errno(-errno, "cannot open %s/" SESSIONS_LOCK_FILE ": %m", dir);
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		safe_close(fd);
+		return log_error_errno(-EINVAL, "%s/" SESSIONS_LOCK_FILE " is not a regular file", dir);
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int e = errno;
+		char pid[32] = "";
+		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 0] = 0;
+		pid[strcspn(pid, "\n")] = 0;
+		safe_close(fd);
+		if (e == EWOULDBLOCK)
+			return log_error_errno(-EBUSY, "the state directory %s is in use by another turbokvd (pid %s); "
+					       "give each daemon its own --state-dir", dir, pid[0] ? pid : "unknown");
+		return log_error_errno(-e, "cannot lock %s/" SESSIONS_LOCK_FILE ": %m", dir);
+	}
+	char pid[32];
+	int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)len, 0) != len)
+		log_warning("cannot write our pid into %s/" SESSIONS_LOCK_FILE ": %m", dir);
+	ss->lock_fd = fd;
+	return 0;
+}
+
 int sessions_new(Manager *m, Sessions **ret)
 {
 	const Config *cfg = m->config;
@@ -352,6 +408,7 @@ int sessions_new(Manager *m, Sessions **ret)
 	if (!ss)
 		return -ENOMEM;
 	ss->m = m;
+	ss->lock_fd = -1;
 	ss->root_fd = -1;
 	ss->budget = cfg->session_memory;
 	ss->max_per_uid = cfg->session_max ? cfg->session_max : SESSIONS_MAX_PER_UID;
@@ -372,6 +429,10 @@ int sessions_new(Manager *m, Sessions **ret)
 	int dfd = open(cfg->state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0)
 		return log_error_errno(-errno, "cannot open the state directory %s: %m", cfg->state_dir);
+	if ((r = state_dir_lock(ss, dfd, cfg->state_dir)) < 0) {
+		safe_close(dfd);
+		return r;
+	}
 	if (mkdirat(dfd, "sessions", 0700) < 0 && errno != EEXIST) {
 		r = -errno;
 		safe_close(dfd);
@@ -408,6 +469,7 @@ Sessions *sessions_free(Sessions *ss)
 	free(ss->scanned);
 	sd_event_source_disable_unref(ss->idle_timer);
 	safe_close(ss->root_fd);
+	safe_close(ss->lock_fd); /* last: the files are written */
 	free(ss);
 	return NULL;
 }
@@ -449,10 +511,10 @@ static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
 	if (r > 0) {
 		log_warning("uid %u: session '%s' cannot be loaded: %s (%s)", (unsigned)s->uid, s->name,
 			    session_error_name(r), e.msg);
-		quarantine(ss, s, fd);
+		bool moved = quarantine(ss, s, fd);
 		safe_close(fd);
-		error_set(err, PROTOCOL_E_SESSION_CORRUPT, "session '%s': %s: %s; the file was moved to quarantine",
-			  s->name, session_error_name(r), e.msg);
+		error_set(err, PROTOCOL_E_SESSION_CORRUPT, "session '%s': %s: %s; %s", s->name, session_error_name(r),
+			  e.msg, moved ? "the file was moved to quarantine" : "quarantine/ is unusable, the file stays");
 		sessions_remove(ss, index);
 		return PROTOCOL_E_SESSION_CORRUPT;
 	}

@@ -12,6 +12,9 @@
  *
  * == On disk ==
  *
+ *   <state-dir>/turbokvd.lock        0600, flock()ed by the daemon using the
+ *                                    directory (its pid inside): a second
+ *                                    daemon on it refuses to start
  *   <state-dir>/sessions/            0700
  *   <state-dir>/sessions/<uid>/      0700, one per user
  *       <name>.tkvs                  0600, engine/session/session.h's format
@@ -19,6 +22,13 @@
  *       quarantine/<name>.tkvs.<unix-ms>
  *                                    files that failed to load, moved aside
  *                                    untouched for inspection
+ *
+ * Everything under the state directory is opened relative to a directory
+ * fd with O_NOFOLLOW (files also O_NONBLOCK, their type checked with
+ * fstat() before reading): a symlink, FIFO or device planted there by
+ * whoever can write the directory is refused, never followed or waited
+ * on. Session files are checked header first (engine/session/session.h)
+ * before their body is read.
  *
  * Every lookup is keyed by the caller's uid (SO_PEERCRED) and name, and
  * the directory of one uid is only ever opened for that uid: a user can
@@ -67,6 +77,7 @@
 #define SESSIONS_MAX_BYTES_PER_UID (8ull << 30)
 #define SESSIONS_IDLE_SAVE_MS 5000u
 #define SESSIONS_MAX_TOTAL 4096u /* all users */
+#define SESSIONS_LOCK_FILE "turbokvd.lock"
 
 typedef struct Sessions Sessions;
 typedef struct Session Session;

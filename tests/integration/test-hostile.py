@@ -38,6 +38,10 @@ class Daemon(td.Daemon):
     """test-daemon.py's Daemon; stderr=FD sends the daemon's stderr there instead of to the test's log."""
 
     def __init__(self, args, tmp, stderr=None, **kw):
+        try:
+            os.unlink(os.path.join(tmp, "notify"))  # a restart on the same directory
+        except FileNotFoundError:
+            pass
         if stderr is None:
             super().__init__(args, tmp, **kw)
             return
@@ -393,6 +397,61 @@ def case_exhaustion(args, tmp):
     d.stop()
 
 
+def case_state_dir(args, tmp):
+    """One daemon per state directory; FIFOs, symlinks and junk planted in it neither hang nor mislead the daemon."""
+    env = {"TURBOKV_SESSION_IDLE_SAVE_MS": "100000"}
+    d = Daemon(args, tmp, env=env)
+    d.wait_ready()
+    # 1. A second daemon on the same state directory (its own socket) refuses to start, naming the holder.
+    tmp2 = os.path.join(tmp, "second")
+    os.makedirs(tmp2)
+    d2 = Daemon(args, tmp2, extra=["--state-dir", os.path.join(tmp, "state")])
+    rc = d2.proc.wait(120)
+    d2.reader.join(5)
+    assert rc != 0, "a second daemon started on a state directory in use"
+    err = "".join(d2.stderr)
+    assert "in use by another turbokvd (pid %d)" % d.proc.pid in err, err
+
+    uid = os.getuid()
+    sdir = td.sess_dir(tmp, uid)
+    for name in ("fifo", "tmpfifo", "keep"):
+        assert td.sess_turn(d, name, "Say hello.", n=2).error is None
+    d.stop()
+    # 2. Junk and a quarantine/ that points outside.
+    outside = os.path.join(tmp, "outside")
+    os.makedirs(outside)
+    with open(os.path.join(sdir, "bad.tkvs"), "wb") as f:
+        f.write(b"not a session file at all" * 10)
+    os.symlink(outside, os.path.join(sdir, "quarantine"))
+    d = Daemon(args, tmp, env=env)
+    d.wait_ready()
+    assert set(td.sess_list(d)) >= {"fifo", "tmpfifo", "keep", "bad"}, td.sess_list(d)
+    # 3. The file of a known session replaced by a FIFO: refused (not waited on), others still served.
+    os.unlink(os.path.join(sdir, "fifo.tkvs"))
+    os.mkfifo(os.path.join(sdir, "fifo.tkvs"), 0o600)
+    c = w.Conn(d.sock, timeout=30)
+    c.hello()
+    c.send(td.sess_generate(1, "Hello again.", "fifo", n=2))
+    res = w.collect(c, 1)
+    assert res.error is not None and "not a regular file" in res.error[1], res.error
+    assert w.first(status_fields(c, 2), 1) == 2
+    # 4. A FIFO under a save's temporary name: the save replaces it instead of blocking on it.
+    os.mkfifo(os.path.join(sdir, "keep.tkvs.tmp"), 0o600)
+    assert td.sess_turn(d, "keep", "And again.", n=2).error is None
+    kind, f = td.sess_request(d, 8, w.f_bytes(2, "keep"), 3)  # SessionSave
+    assert kind == "session_info", (kind, f)
+    assert os.path.isfile(os.path.join(sdir, "keep.tkvs")) and not os.path.exists(os.path.join(sdir, "keep.tkvs.tmp"))
+    # 5. A corrupt file with quarantine/ a symlink: nothing is moved outside the state directory.
+    c.send(td.sess_generate(4, "Hi.", "bad", n=2))
+    res = w.collect(c, 4)
+    assert res.error is not None and res.error[0] == 17, res.error  # SESSION_CORRUPT
+    assert os.listdir(outside) == [], os.listdir(outside)
+    assert "quarantine/ is unusable" in res.error[1], res.error
+    check_answer(args, ask(d, PROMPTS[0]), PROMPTS[0])
+    c.close()
+    d.stop()
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
@@ -407,7 +466,7 @@ def main():
         rc = CASES[args.case](args, tmp)
     finally:
         for d in td.RUNNING:
-            if d.proc.poll() is None:
+            if getattr(d, "proc", None) and d.proc.poll() is None:
                 d.proc.kill()
                 d.proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
