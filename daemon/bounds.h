@@ -42,5 +42,6 @@
 #define MANAGER_CLOSE_TIMEOUT_S 10u
 #define MANAGER_ACCEPT_BACKOFF_MS 50u
 #define MANAGER_ACCEPT_BACKOFF_MAX_MS 2000u
+#define MANAGER_IO_STUCK_S 300u          /* a session save running longer stops the watchdog pings */
 #define MANAGER_KV_SEED 0                 /* TurboQuant codec seed of every request's cache */
 #define MANAGER_PREFILL_CHUNK 512         /* prompt tokens evaluated per scheduler step */

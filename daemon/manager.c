@@ -40,6 +40,7 @@ Manager *manager_free(Manager *m)
 	if (!m)
 		return NULL;
 	m->worker = worker_free(m->worker); /* finishes the job in flight while its requests exist */
+	m->io_worker = worker_free(m->io_worker); /* and the saves, while their sessions exist */
 	sd_event_source_disable_unref(m->watchdog);
 	sd_event_source_disable_unref(m->sweep);
 	while (m->connections)
@@ -126,7 +127,7 @@ static int manager_on_usr2(sd_event_source *s, const struct signalfd_siginfo *si
 {
 	Manager *m = userdata;
 	log_info("received SIGUSR2; saving sessions");
-	sessions_save_all(m->sessions);
+	sessions_save_all_async(m->sessions);
 	return 0;
 }
 
@@ -168,8 +169,12 @@ static int manager_on_watchdog(sd_event_source *s, uint64_t usec, void *userdata
 {
 	Manager *m = userdata;
 	uint64_t since = worker_busy_since(m->worker), progress = m->run ? model_run_progress(m->run) : 0;
+	uint64_t io_since = worker_busy_since(m->io_worker);
 	bool alive = since == 0 || progress != m->watchdog_progress ||
 		     now_ns() - since < m->watchdog_usec * 1000 / 2;
+	/* a save may take long on a slow disk; one that never ends is stuck */
+	if (io_since && now_ns() - io_since > (uint64_t)MANAGER_IO_STUCK_S * 1000000000ull)
+		alive = false;
 	m->watchdog_progress = progress;
 	if (alive)
 		(void)sd_notify(false, "WATCHDOG=1");
@@ -417,8 +422,8 @@ int manager_startup(Manager *m)
 		return log_error_errno(r, "cannot start %d threads: %m", cfg->threads);
 	if ((r = model_run_new(m->model, MANAGER_PREFILL_CHUNK, m->threads, &m->run)) != 0)
 		return log_error_errno(r < 0 ? r : -ENOMEM, "cannot allocate activations: %m");
-	if ((r = worker_new(m->event, &m->worker)) < 0)
-		return log_error_errno(r, "cannot start the worker thread: %m");
+	if ((r = worker_new(m->event, &m->worker)) < 0 || (r = worker_new(m->event, &m->io_worker)) < 0)
+		return log_error_errno(r, "cannot start the worker threads: %m");
 	if ((r = manager_setup_watchdog(m)) < 0 || (r = manager_setup_limits(m)) < 0)
 		return r;
 	if ((r = scheduler_new(m, &m->scheduler)) < 0)
@@ -451,5 +456,6 @@ void manager_shutdown(Manager *m)
 		(void)sd_notify(false, "STOPPING=1");
 	(void)sd_notify(false, "STATUS=Stopped");
 	worker_drain(m->worker); /* the job in flight gives its sessions back */
+	worker_drain(m->io_worker);
 	sessions_save_all(m->sessions);
 }

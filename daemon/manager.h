@@ -48,7 +48,8 @@ typedef struct Manager {
 	Listener *listener;
 	Scheduler *scheduler;
 	Sessions *sessions;     /* named sessions (sessions.h) */
-	Worker *worker;         /* model work and file I/O, off the loop (worker.h) */
+	Worker *worker;         /* model work, off the loop (worker.h) */
+	Worker *io_worker;      /* session file saves, off the loop */
 	sd_event_source *watchdog;
 	sd_event_source *sweep;  /* every second: connection timeouts (bounds.h) */
 	uint64_t watchdog_usec;

@@ -16,6 +16,7 @@
 #include "daemon/log.h"
 #include "daemon/request.h"
 #include "daemon/scheduler.h"
+#include "daemon/sessions.h"
 #include "daemon/worker.h"
 
 /* The one job in flight: a decode batch (Scheduler.batch..logits) and a prefill chunk. */
@@ -120,11 +121,17 @@ static void scheduler_admit(Scheduler *s)
 {
 	Manager *m = s->manager;
 
-	while (s->n_active < MANAGER_MAX_ACTIVE_REQUESTS && s->n_waiting > 0) {
+	/* A request whose session is being saved waits (sessions_ready()); its connection keeps its turn. */
+	for (unsigned skipped = 0; s->n_active < MANAGER_MAX_ACTIVE_REQUESTS && s->n_waiting > skipped;) {
 		Connection *c = waiting_pop(s);
 		Request *r = c->dead ? NULL : connection_oldest_queued(c);
 		if (!r)
 			continue;
+		if (r->session && !sessions_ready(r->session)) {
+			waiting_push(s, c);
+			skipped++;
+			continue;
+		}
 		s->n_queued--;
 		int k = request_activate(r, m);
 		if (k != 0) {

@@ -16,7 +16,9 @@
 
 #include "daemon/connection.h"
 #include "daemon/log.h"
+#include "daemon/scheduler.h"
 #include "daemon/sessions.h"
+#include "daemon/worker.h"
 #include "engine/gguf/gguf.h"
 #include "engine/kv/kvstore.h"
 
@@ -30,6 +32,7 @@ struct Session {
 	bool busy;              /* a request holds it */
 	bool dirty;             /* memory is newer than the file */
 	bool kv_taken;          /* the request holds its cache */
+	bool saving;            /* a save of its state is in flight (SaveJob) */
 	uint32_t n_tokens;      /* known while spilled too */
 	uint64_t bytes_on_disk;
 	int64_t last_used_unix_ms;
@@ -46,6 +49,8 @@ struct Sessions {
 	uid_t *scanned;         /* uids whose directory was read */
 	size_t n_scanned;
 	size_t mem_bytes;
+	size_t spilling_bytes;  /* of sessions whose spill (save, then drop) is in flight */
+	unsigned save_failures; /* saves that failed, ever */
 	uint64_t budget;
 	unsigned max_per_uid;
 	uint64_t max_bytes_per_uid;
@@ -262,75 +267,181 @@ static void sessions_scan_uid(Sessions *ss, uid_t uid)
 
 /* ---- saving and spilling ---- */
 
-static int session_save(Sessions *ss, Session *s)
-{
-	Manager *m = ss->m;
+/*
+ * A save runs on the I/O worker (worker.h) when the daemon has one: the
+ * loop never writes or fsyncs a session file. Meanwhile the session is
+ * `saving`: its state is only read (by the save and by requests building
+ * their prompts), never changed; a request waits for the save before it
+ * takes the cache (sessions_ready()), delete and SessionSave answer BUSY.
+ */
+typedef struct SaveJob {
+	WorkerJob job;
+	Sessions *ss;
+	Session *s;
+	bool spill;             /* drop the state from memory once saved, if still idle */
+	uint64_t reply_conn;    /* a SessionSave to answer: the connection's id, 0 for none */
+	uint64_t reply_id;
+	int dir_fd;             /* for the worker: the uid's directory, the file, the state */
 	char file[128];
-	Error err = { 0 };
-	uint64_t bytes = 0, t0 = now_ns();
+	const SessionState *state;
+	int r;                  /* the worker's results */
+	uint64_t bytes, ns;
+	Error err;
+} SaveJob;
 
-	if (!s->dirty || !s->state || !s->state->kv)
-		return 0;
-	int fd = uid_dir_open(ss, s->uid, true);
-	if (fd < 0)
-		return log_error_errno(fd, "uid %u: cannot open the session directory: %m", (unsigned)s->uid);
-	file_name(s, file, sizeof(file));
-	int r = session_save_at(fd, file, s->state, ss->expect.fingerprint, m->kv_spec, &ss->hooks,
-				&bytes, &err);
-	safe_close(fd);
-	if (r != 0) {
-		log_error("uid %u: cannot save session '%s': %s", (unsigned)s->uid, s->name, err.msg);
-		return r;
-	}
-	s->dirty = false;
-	s->on_disk = true;
-	s->bytes_on_disk = bytes;
-	log_info("uid %u: saved session '%s' (%u tokens, %llu bytes) in %.1f ms", (unsigned)s->uid, s->name,
-		  s->n_tokens, (unsigned long long)bytes, (now_ns() - t0) / 1e6);
-	return 0;
+static void save_job_run(WorkerJob *wj)
+{
+	SaveJob *j = (SaveJob *)wj;
+	uint64_t t0 = now_ns();
+	j->r = session_save_at(j->dir_fd, j->file, j->state, j->ss->expect.fingerprint, j->ss->m->kv_spec,
+			       &j->ss->hooks, &j->bytes, &j->err);
+	j->ns = now_ns() - t0;
 }
 
-/* Spill least-recently-used idle sessions until the budget holds. */
+static void sessions_enforce_budget(Sessions *ss);
+
+static Connection *connection_by_id(Manager *m, uint64_t id)
+{
+	for (Connection *c = m->connections; c; c = c->next)
+		if (c->id == id && !c->dead)
+			return c;
+	return NULL;
+}
+
+/* Back on the loop (or inline without a worker): record the result, spill, answer. */
+static void save_job_done(WorkerJob *wj)
+{
+	SaveJob *j = (SaveJob *)wj;
+	Sessions *ss = j->ss;
+	Session *s = j->s;
+
+	safe_close(j->dir_fd);
+	s->saving = false;
+	if (j->spill)
+		ss->spilling_bytes -= s->mem_bytes;
+	if (j->r != 0) {
+		log_error("uid %u: cannot save session '%s': %s", (unsigned)s->uid, s->name, j->err.msg);
+		ss->save_failures++;
+	} else {
+		s->dirty = false;
+		s->on_disk = true;
+		s->bytes_on_disk = j->bytes;
+		log_info("uid %u: saved session '%s' (%u tokens, %llu bytes) in %.1f ms", (unsigned)s->uid, s->name,
+			 s->n_tokens, (unsigned long long)j->bytes, j->ns / 1e6);
+		if (j->spill && !s->busy) {
+			log_debug("uid %u: session '%s' spilled to disk", (unsigned)s->uid, s->name);
+			session_set_state(ss, s, NULL);
+		}
+	}
+	Connection *c = j->reply_conn ? connection_by_id(ss->m, j->reply_conn) : NULL;
+	if (c && j->r != 0)
+		connection_send_error(c, j->reply_id, PROTOCOL_E_INTERNAL,
+				      "cannot save session '%s' (the previous file is intact): %s", s->name, j->err.msg);
+	else if (c)
+		sessions_show(ss, s->uid, s->name, c, j->reply_id);
+	bool ok = j->r == 0;
+	free(j);
+	scheduler_wake(ss->m->scheduler); /* a request may wait for this session */
+	if (ok)
+		sessions_enforce_budget(ss);
+}
+
+/*
+ * Save s if it is dirty: on the I/O worker when async and there is one,
+ * else now. Returns 0 (nothing to save; a spill happens at once), 1 (the
+ * save ran or runs: its end logs, spills, answers reply_conn's SessionSave
+ * and counts a failure in Sessions.save_failures) or -errno when it could
+ * not even start (logged; nothing answered).
+ */
+static int session_save(Sessions *ss, Session *s, bool async, bool spill, uint64_t reply_conn, uint64_t reply_id)
+{
+	Manager *m = ss->m;
+
+	assert(!s->saving);
+	if (!s->dirty || !s->state || !s->state->kv) {
+		if (spill && s->state && !s->dirty)
+			session_set_state(ss, s, NULL);
+		return 0;
+	}
+	SaveJob *j = calloc(1, sizeof(*j));
+	if (!j)
+		return log_error_errno(-ENOMEM, "uid %u: cannot save session '%s': out of memory", (unsigned)s->uid,
+				       s->name);
+	int fd = uid_dir_open(ss, s->uid, true);
+	if (fd < 0) {
+		free(j);
+		return log_error_errno(fd, "uid %u: cannot open the session directory: %m", (unsigned)s->uid);
+	}
+	*j = (SaveJob){ .job = { .run = save_job_run, .done = save_job_done }, .ss = ss, .s = s, .spill = spill,
+			.reply_conn = reply_conn, .reply_id = reply_id, .dir_fd = fd, .state = s->state };
+	file_name(s, j->file, sizeof(j->file));
+	s->saving = true;
+	if (spill)
+		ss->spilling_bytes += s->mem_bytes;
+	if (async && m->io_worker) {
+		worker_submit(m->io_worker, &j->job);
+		return 1;
+	}
+	save_job_run(&j->job);
+	save_job_done(&j->job);
+	return 1;
+}
+
+/* Spill least-recently-used idle sessions until the budget holds (saves in flight count as gone). */
 static void sessions_enforce_budget(Sessions *ss)
 {
-	while (ss->mem_bytes > ss->budget) {
+	while (ss->mem_bytes - ss->spilling_bytes > ss->budget) {
 		Session *lru = NULL;
 		for (size_t i = 0; i < ss->n; i++) {
 			Session *s = ss->all[i];
-			if (s->state && !s->busy && (!lru || s->last_used_ns < lru->last_used_ns))
+			if (s->state && !s->busy && !s->saving && (!lru || s->last_used_ns < lru->last_used_ns))
 				lru = s;
 		}
 		if (!lru)
 			return;
-		if (session_save(ss, lru) != 0)
+		if (session_save(ss, lru, true, true, 0, 0) < 0)
 			return; /* keep it rather than lose it; the budget is exceeded for now */
-		log_debug("uid %u: session '%s' spilled to disk", (unsigned)lru->uid, lru->name);
-		session_set_state(ss, lru, NULL);
 	}
+}
+
+static void sessions_save_dirty(Sessions *ss, bool async)
+{
+	unsigned n = 0;
+	if (!ss)
+		return;
+	unsigned failed = ss->save_failures;
+	for (size_t i = 0; i < ss->n; i++) {
+		Session *s = ss->all[i];
+		if (!s->dirty || s->busy || s->saving)
+			continue;
+		n++;
+		if (session_save(ss, s, async, false, 0, 0) < 0)
+			ss->save_failures++;
+	}
+	failed = ss->save_failures - failed;
+	if (!async && failed)
+		log_warning("%u of %u sessions could not be saved", failed, n);
 }
 
 void sessions_save_all(Sessions *ss)
 {
-	unsigned n = 0, failed = 0;
-	if (!ss)
-		return;
-	for (size_t i = 0; i < ss->n; i++) {
-		Session *s = ss->all[i];
-		if (!s->dirty || s->busy)
-			continue;
-		if (session_save(ss, s) == 0)
-			n++;
-		else
-			failed++;
-	}
-	if (failed)
-		log_warning("%u of %u sessions could not be saved", failed, n + failed);
+	sessions_save_dirty(ss, false);
+}
+
+void sessions_save_all_async(Sessions *ss)
+{
+	sessions_save_dirty(ss, true);
+}
+
+bool sessions_ready(const Session *s)
+{
+	return !s->saving;
 }
 
 static int sessions_on_idle(sd_event_source *src, uint64_t usec, void *userdata)
 {
 	Sessions *ss = userdata;
-	sessions_save_all(ss);
+	sessions_save_all_async(ss);
 	return 0;
 }
 
@@ -743,18 +854,18 @@ void sessions_save_request(Sessions *ss, uid_t uid, const char *name, Connection
 		connection_send_error(c, request_id, PROTOCOL_E_SESSION_NOT_FOUND, "no session named '%s'", name);
 		return;
 	}
-	if (s->busy) {
-		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is in use", name);
+	if (s->busy || s->saving) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is %s", name,
+				      s->busy ? "in use" : "being saved");
 		return;
 	}
-	int r = session_save(ss, s); /* nothing to do when it is not dirty: the file is current */
-	if (r != 0) {
+	/* the save's end answers; with nothing to save the file is current */
+	int r = session_save(ss, s, true, false, c->id, request_id);
+	if (r < 0)
 		connection_send_error(c, request_id, PROTOCOL_E_INTERNAL,
-				      "cannot save session '%s' (the previous file is intact): %s", name,
-				      r < 0 ? strerror(-r) : "write failed");
-		return;
-	}
-	sessions_show(ss, uid, name, c, request_id);
+				      "cannot save session '%s' (the previous file is intact): %s", name, strerror(-r));
+	else if (r == 0)
+		sessions_show(ss, uid, name, c, request_id);
 }
 
 void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id)
@@ -768,8 +879,9 @@ void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, u
 		connection_send_error(c, request_id, PROTOCOL_E_SESSION_NOT_FOUND, "no session named '%s'", name);
 		return;
 	}
-	if (s->busy) {
-		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is in use", name);
+	if (s->busy || s->saving) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is %s", name,
+				      s->busy ? "in use" : "being saved");
 		return;
 	}
 	if (s->on_disk) {

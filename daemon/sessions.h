@@ -44,7 +44,9 @@
  * (sessions_release): the session is then dirty. Dirty sessions are saved
  * when the daemon has been idle for SESSIONS_IDLE_SAVE_MS, when they are
  * spilled (least recently used first, while the sessions in memory exceed
- * the budget) and at shutdown. A failed save is logged; the session stays
+ * the budget) and at shutdown. Saves run on the daemon's I/O worker
+ * (worker.h; at shutdown on the main thread): write, fsync, rename, fsync
+ * of the directory never stall the event loop. A failed save is logged; the session stays
  * in memory and dirty, and the previous file stays intact.
  *
  * == Quotas (per uid) ==
@@ -111,8 +113,16 @@ KvCache *session_take_kv(Session *s);
 void sessions_release(Sessions *ss, Session *s, KvCache *kv, const int32_t *tokens, size_t n_tokens,
 		      SessionKind kind, SessionMessage *turns, size_t n_turns);
 
-/* Save every dirty session that is not busy (shutdown). */
+/* Save every dirty session that is not busy, now, on this thread (shutdown). */
 void sessions_save_all(Sessions *ss);
+/* The same on the I/O worker (idle timer, SIGUSR2): the loop goes on meanwhile. */
+void sessions_save_all_async(Sessions *ss);
+
+/*
+ * Whether a request holding s may take its cache now: false while a save
+ * of s runs on the I/O worker (the scheduler admits it afterwards).
+ */
+bool sessions_ready(const Session *s);
 
 /* SessionListReply / SessionInfo / SessionDeleted answers for uid. */
 void sessions_list(Sessions *ss, uid_t uid, Connection *c, uint64_t request_id);

@@ -150,6 +150,31 @@ def case_responsive(args, tmp):
     a.close()
     d.stop()
 
+    # A session save (here slowed to 3 s after its first 4 KiB) runs off the loop too.
+    tmp2 = os.path.join(tmp, "save")
+    os.makedirs(tmp2)
+    d = Daemon(args, tmp2, env={"TURBOKV_TEST_SESSION_SAVE_PAUSE_MS": "3000",
+                                "TURBOKV_SESSION_IDLE_SAVE_MS": "100000"})
+    d.wait_ready()
+    assert td.sess_turn(d, "slow", "Say hello.", n=2).error is None
+    s = w.Conn(d.sock)
+    s.hello()
+    t0 = time.monotonic()
+    s.send(w.f_bytes(8, w.f_varint(1, 1) + w.f_bytes(2, "slow")))  # SessionSave
+    time.sleep(0.3)
+    b = w.Conn(d.sock)
+    b.hello()
+    status_fields(b, 2)
+    t_status = time.monotonic() - t0
+    kind, f = s.recv()
+    t_saved = time.monotonic() - t0
+    assert kind == "session_info", (kind, f)
+    print("Status after %.0f ms while a save took %.0f ms" % (t_status * 1e3, t_saved * 1e3))
+    assert t_saved > 2.5 and t_status < 2.0, (t_status, t_saved)
+    b.close()
+    s.close()
+    d.stop()
+
 
 def refused(c, rid, payload, fds, code):
     """Send a Generate that must be refused with Error{rid, code}; returns its message."""
