@@ -35,7 +35,7 @@ static void connection_update_events(Connection *c)
 	uint32_t ev = 0;
 	if (c->dead || !c->io)
 		return;
-	if (!c->closing && !connection_behind(c))
+	if (!c->closing && !c->parked && !connection_behind(c))
 		ev |= EPOLLIN;
 	if (frame_writer_pending(c->writer) > 0)
 		ev |= EPOLLOUT;
@@ -205,13 +205,30 @@ static void connection_send_status(Connection *c, uint64_t id)
 	connection_send(c, &msg);
 }
 
-static void connection_generate(Connection *c, const Turbokv__V1__Generate *g, int *fds, size_t n_fds)
+/*
+ * A Generate: a new Request for the scheduler, or an Error. Returns true
+ * when it must wait for its session to load (fds not consumed: park it).
+ */
+static bool connection_generate(Connection *c, const Turbokv__V1__Generate *g, int *fds, size_t n_fds,
+				bool loaded)
 {
 	Manager *m = c->manager;
 	Request *r = NULL;
 	Error err = { 0 };
 	int k;
 
+	if (!loaded && !m->stopping && g->session && g->session[0] && !connection_find(c, g->request_id, NULL) &&
+	    c->n_requests < MANAGER_MAX_REQUESTS_PER_CLIENT) {
+		k = sessions_prepare(m->sessions, c->cred.uid, g->session, c->id, &err);
+		if (k == SESSIONS_LOADING)
+			return true;
+		if (k != 0) {
+			for (size_t i = 0; i < n_fds; i++)
+				safe_close(fds[i]);
+			connection_send_error(c, g->request_id, k > 0 ? k : PROTOCOL_E_INTERNAL, "%s", err.msg);
+			return false;
+		}
+	}
 	if (m->stopping)
 		k = error_set(&err, PROTOCOL_E_SHUTTING_DOWN, "the daemon is stopping");
 	else if (connection_find(c, g->request_id, NULL))
@@ -232,10 +249,11 @@ static void connection_generate(Connection *c, const Turbokv__V1__Generate *g, i
 		safe_close(fds[i]);
 	if (k != 0) {
 		connection_send_error(c, g->request_id, k > 0 ? k : PROTOCOL_E_INTERNAL, "%s", err.msg);
-		return;
+		return false;
 	}
 	c->requests[c->n_requests++] = r;
 	scheduler_add(m->scheduler, r);
+	return false;
 }
 
 static void connection_cancel(Connection *c, uint64_t id)
@@ -250,12 +268,31 @@ static void connection_cancel(Connection *c, uint64_t id)
 	connection_request_done(c, r);
 }
 
-/* Act on one validated message that came after Hello. */
-static void connection_dispatch(Connection *c, const Turbokv__V1__ClientMessage *msg, int *fds, size_t n_fds)
+/* Keep a Generate (msg taken over, fds too) until its session is loaded; stop reading meanwhile. */
+static void connection_park(Connection *c, Turbokv__V1__ClientMessage **msg, const int *fds, size_t n_fds)
 {
+	c->parked = TAKE_PTR(*msg);
+	memcpy(c->parked_fds, fds, n_fds * sizeof(int));
+	c->n_parked_fds = n_fds;
+	connection_update_events(c);
+}
+
+static void connection_unpark(Connection *c)
+{
+	for (size_t i = 0; i < c->n_parked_fds; i++)
+		safe_close(c->parked_fds[i]);
+	c->n_parked_fds = 0;
+	c->parked = protocol_client_message_free(c->parked);
+}
+
+/* Act on one validated message that came after Hello (a Generate may take msg over, see connection_park()). */
+static void connection_dispatch(Connection *c, Turbokv__V1__ClientMessage **msgp, int *fds, size_t n_fds)
+{
+	const Turbokv__V1__ClientMessage *msg = *msgp;
 	switch (msg->msg_case) {
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_GENERATE:
-		connection_generate(c, msg->generate, fds, n_fds);
+		if (connection_generate(c, msg->generate, fds, n_fds, false))
+			connection_park(c, msgp, fds, n_fds);
 		return;
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_CANCEL:
 		connection_cancel(c, msg->cancel->request_id);
@@ -360,7 +397,38 @@ static void connection_handle_frame(Connection *c, const Frame *f)
 		connection_send_hello_reply(c, msg->hello->protocol_version);
 		return;
 	}
-	connection_dispatch(c, msg, fds, n_fds);
+	connection_dispatch(c, &msg, fds, n_fds);
+}
+
+/* Handle the complete frames the reader holds (until one parks). */
+static void connection_handle_frames(Connection *c)
+{
+	Frame f;
+	while (!c->dead && !c->closing && !c->parked && frame_reader_pop(c->reader, &f) == 0) {
+		c->active_ns = now_ns();
+		connection_handle_frame(c, &f);
+	}
+}
+
+void connection_session_loaded(Manager *m, uint64_t conn_id, int code, const char *message)
+{
+	Connection *c = m->connections;
+	while (c && c->id != conn_id)
+		c = c->next;
+	if (!c || c->dead || !c->parked)
+		return;
+	const Turbokv__V1__Generate *g = c->parked->generate;
+	if (code != 0) {
+		connection_send_error(c, g->request_id, code > 0 ? code : PROTOCOL_E_INTERNAL, "%s", message);
+		connection_unpark(c);
+	} else {
+		(void)connection_generate(c, g, c->parked_fds, c->n_parked_fds, true); /* consumes the fds */
+		c->n_parked_fds = 0;
+		connection_unpark(c);
+	}
+	connection_handle_frames(c);
+	connection_update_events(c);
+	manager_gc(m);
 }
 
 /* Read what is there, handle complete frames. */
@@ -369,7 +437,7 @@ static void connection_read(Connection *c)
 	uint8_t buf[CONNECTION_READ_BYTES];
 	Error err = { 0 };
 
-	for (int i = 0; i < CONNECTION_READS_PER_EVENT && !c->dead && !c->closing; i++) {
+	for (int i = 0; i < CONNECTION_READS_PER_EVENT && !c->dead && !c->closing && !c->parked; i++) {
 		size_t n;
 		int r = fdpass_recv(c->fd, buf, sizeof(buf), c->fds, &n);
 		if (r == -EAGAIN || r == -EINTR)
@@ -408,11 +476,7 @@ static void connection_read(Connection *c)
 			connection_send_error(c, 0, PROTOCOL_E_BAD_FRAME, "%s", r > 0 ? err.msg : strerror(-r));
 			return;
 		}
-		Frame f;
-		while (!c->dead && !c->closing && frame_reader_pop(c->reader, &f) == 0) {
-			c->active_ns = now_ns();
-			connection_handle_frame(c, &f);
-		}
+		connection_handle_frames(c);
 	}
 }
 
@@ -486,6 +550,7 @@ Connection *connection_free(Connection *c)
 	scheduler_forget(m->scheduler, c);
 	if (c->dead)
 		m->n_dead--;
+	connection_unpark(c);
 	sd_event_source_disable_unref(c->io);
 	frame_reader_free(c->reader);
 	frame_writer_free(c->writer);
@@ -497,6 +562,10 @@ Connection *connection_free(Connection *c)
 
 void connection_shutdown(Connection *c)
 {
+	if (c->parked) {
+		connection_send_error(c, c->parked->generate->request_id, PROTOCOL_E_SHUTTING_DOWN, "the daemon is stopping");
+		connection_unpark(c);
+	}
 	while (c->n_requests > 0) {
 		Request *r = c->requests[0];
 		request_cancel(r, true);

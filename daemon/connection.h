@@ -52,6 +52,14 @@ struct Connection {
 	char client_name[64];
 	uint64_t created_ns, active_ns; /* accepted; last complete frame (or request end) */
 	uint64_t closing_ns;            /* when closing was set */
+	/*
+	 * A Generate waiting for its session to load (sessions_prepare()):
+	 * nothing more is read until it is dispatched, so later frames (a
+	 * Cancel of it) come after it.
+	 */
+	Turbokv__V1__ClientMessage *parked;
+	int parked_fds[16];
+	size_t n_parked_fds;
 	Request *requests[MANAGER_MAX_REQUESTS_PER_CLIENT]; /* in arrival order */
 	size_t n_requests;
 };
@@ -71,6 +79,13 @@ bool connection_writable(const Connection *c);
 
 /* Remove r from c's requests and free it. */
 void connection_request_done(Connection *c, Request *r);
+
+/*
+ * The session load a parked Generate of connection conn_id waited for is
+ * done: code 0 dispatches it (it acquires the loaded session), else it is
+ * answered Error(code, message). A connection gone meanwhile is ignored.
+ */
+void connection_session_loaded(Manager *m, uint64_t conn_id, int code, const char *message);
 
 /* What uid's connections hold, summed (a walk of the manager's list). */
 typedef struct ConnectionUsage {

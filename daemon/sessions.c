@@ -587,49 +587,73 @@ Sessions *sessions_free(Sessions *ss)
 
 /* ---- use ---- */
 
-/* Load a spilled session; a file that fails its checks is quarantined. */
-static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
-{
+/*
+ * Loading a spilled session: the file is read and checked on the I/O
+ * worker (LoadJob), the result applied on the loop. The session is busy
+ * meanwhile, so nothing else touches it; the connection that asked waits
+ * with its Generate parked (connection_session_loaded()).
+ */
+typedef struct LoadJob {
+	WorkerJob job;
+	Sessions *ss;
+	Session *s;
+	uint64_t conn_id;       /* whose Generate waits for it, 0 for none */
+	int dir_fd;
 	char file[128];
-	Error e = { 0 };
-	SessionState *st = NULL;
-	uint64_t t0 = now_ns();
+	int r;                  /* results: session_load_at()'s (or the conversation's) */
+	bool other_kv_type;     /* only the conversation was read: its KV is computed again */
+	SessionState *st;
+	Error e;
+	uint64_t t0;
+} LoadJob;
 
-	int fd = uid_dir_open(ss, s->uid, true);
-	if (fd < 0)
-		return error_set(err, PROTOCOL_E_INTERNAL, "session '%s': cannot open the session directory: %s",
-				 s->name, strerror(-fd));
-	file_name(s, file, sizeof(file));
-	int r = session_load_at(fd, file, &ss->expect, &st, &e);
-	if (r == SESSION_E_KV_TYPE) {
+static void load_job_run(WorkerJob *wj)
+{
+	LoadJob *j = (LoadJob *)wj;
+	j->r = session_load_at(j->dir_fd, j->file, &j->ss->expect, &j->st, &j->e);
+	if (j->r == SESSION_E_KV_TYPE) {
 		/*
 		 * Saved with another KV type (--kv changed, or a new default):
 		 * keep the conversation and compute its prompt again on next use;
 		 * the file is rewritten with this daemon's type after that.
 		 */
 		Error e2 = { 0 };
-		r = session_load_conversation_at(fd, file, &ss->expect, &st, &e2);
-		if (r == 0) {
-			safe_close(fd);
-			log_warning("uid %u: session '%s' was saved with another KV type (%s); its conversation "
-				    "is kept and its %zu tokens are computed again on next use",
-				    (unsigned)s->uid, s->name, e.msg, st->n_tokens);
-			session_set_state(ss, s, st);
-			return 0;
-		}
-		e = e2; /* damaged besides: say what */
+		j->r = session_load_conversation_at(j->dir_fd, j->file, &j->ss->expect, &j->st, &e2);
+		if (j->r == 0)
+			j->other_kv_type = true;
+		else
+			j->e = e2; /* damaged besides: say what */
+	}
+}
+
+/* The loop's half: quarantine, forget or keep what was read. Returns 0 or what to tell the client. */
+static int session_load_apply(Sessions *ss, LoadJob *j, Error *err)
+{
+	Session *s = j->s;
+	size_t index = 0;
+	int r = j->r;
+	SessionState *st = TAKE_PTR(j->st);
+
+	if (!sessions_find(ss, s->uid, s->name, &index)) {
+		session_state_free(st);
+		return error_set(err, PROTOCOL_E_INTERNAL, "session '%s' went away", s->name);
+	}
+	if (r == 0 && j->other_kv_type) {
+		log_warning("uid %u: session '%s' was saved with another KV type (%s); its conversation "
+			    "is kept and its %zu tokens are computed again on next use",
+			    (unsigned)s->uid, s->name, j->e.msg, st->n_tokens);
+		session_set_state(ss, s, st);
+		return 0;
 	}
 	if (r > 0) {
 		log_warning("uid %u: session '%s' cannot be loaded: %s (%s)", (unsigned)s->uid, s->name,
-			    session_error_name(r), e.msg);
-		bool moved = quarantine(ss, s, fd);
-		safe_close(fd);
+			    session_error_name(r), j->e.msg);
+		bool moved = quarantine(ss, s, j->dir_fd);
 		error_set(err, PROTOCOL_E_SESSION_CORRUPT, "session '%s': %s: %s; %s", s->name, session_error_name(r),
-			  e.msg, moved ? "the file was moved to quarantine" : "quarantine/ is unusable, the file stays");
+			  j->e.msg, moved ? "the file was moved to quarantine" : "quarantine/ is unusable, the file stays");
 		sessions_remove(ss, index);
 		return PROTOCOL_E_SESSION_CORRUPT;
 	}
-	safe_close(fd);
 	if (r == -ENOENT) {
 		/* deleted behind our back: the session is gone */
 		sessions_remove(ss, index);
@@ -637,9 +661,10 @@ static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
 	}
 	if (r < 0)
 		return error_set(err, r == -ENOMEM ? -ENOMEM : PROTOCOL_E_INTERNAL, "session '%s': %s", s->name,
-				 e.msg);
+				 j->e.msg);
 	/* Files hold host caches; a GPU daemon moves the cache to the device (the file stays as it is). */
 	KvCache *kv;
+	Error e = { 0 };
 	if ((r = model_kvcache_adopt(ss->m->model, st->kv, &kv, &e)) != 0) {
 		session_state_free(st);
 		return error_set(err, r == -ENOMEM ? -ENOMEM : PROTOCOL_E_INTERNAL, "session '%s': %s", s->name,
@@ -648,8 +673,72 @@ static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
 	st->kv = kv;
 	session_set_state(ss, s, st);
 	log_info("uid %u: restored session '%s' (%u tokens) in %.1f ms", (unsigned)s->uid, s->name, s->n_tokens,
-		  (now_ns() - t0) / 1e6);
+		 (now_ns() - j->t0) / 1e6);
 	return 0;
+}
+
+static void load_job_done(WorkerJob *wj)
+{
+	LoadJob *j = (LoadJob *)wj;
+	Sessions *ss = j->ss;
+	Error err = { 0 };
+
+	j->s->busy = false; /* held for the load; the parked Generate acquires it again */
+	int r = session_load_apply(ss, j, &err);
+	safe_close(j->dir_fd);
+	uint64_t conn_id = j->conn_id;
+	free(j);
+	if (conn_id)
+		connection_session_loaded(ss->m, conn_id, r, err.msg);
+}
+
+/* A LoadJob for s (on disk only), or NULL with err set. */
+static LoadJob *load_job_new(Sessions *ss, Session *s, uint64_t conn_id, Error *err)
+{
+	LoadJob *j = calloc(1, sizeof(*j));
+	if (!j) {
+		error_set(err, -ENOMEM, "out of memory");
+		return NULL;
+	}
+	*j = (LoadJob){ .job = { .run = load_job_run, .done = load_job_done }, .ss = ss, .s = s, .conn_id = conn_id,
+			.t0 = now_ns() };
+	j->dir_fd = uid_dir_open(ss, s->uid, true);
+	if (j->dir_fd < 0) {
+		error_set(err, PROTOCOL_E_INTERNAL, "session '%s': cannot open the session directory: %s", s->name,
+			  strerror(-j->dir_fd));
+		free(j);
+		return NULL;
+	}
+	file_name(s, j->file, sizeof(j->file));
+	return j;
+}
+
+/* Load a spilled session now, on this thread (no I/O worker). */
+static int session_load(Sessions *ss, Session *s, Error *err)
+{
+	LoadJob *j = load_job_new(ss, s, 0, err);
+	if (!j)
+		return err->code;
+	load_job_run(&j->job);
+	int r = session_load_apply(ss, j, err);
+	session_state_free(j->st);
+	safe_close(j->dir_fd);
+	free(j);
+	return r;
+}
+
+int sessions_prepare(Sessions *ss, uid_t uid, const char *name, uint64_t conn_id, Error *err)
+{
+	sessions_scan_uid(ss, uid);
+	Session *s = sessions_find(ss, uid, name, NULL);
+	if (!s || s->busy || s->state || !s->on_disk || !ss->m->io_worker)
+		return 0; /* sessions_acquire() decides (and loads inline without a worker) */
+	LoadJob *j = load_job_new(ss, s, conn_id, err);
+	if (!j)
+		return err->code;
+	s->busy = true;
+	worker_submit(ss->m->io_worker, &j->job);
+	return SESSIONS_LOADING;
 }
 
 int sessions_acquire(Sessions *ss, uid_t uid, const char *name, Session **ret, Error *err)
@@ -673,7 +762,7 @@ int sessions_acquire(Sessions *ss, uid_t uid, const char *name, Session **ret, E
 					 n, ss->max_per_uid);
 		if (!(s = sessions_add(ss, uid, name)))
 			return error_set(err, -ENOMEM, "out of memory");
-	} else if (!s->state && s->on_disk && (r = session_load(ss, s, index, err)) != 0)
+	} else if (!s->state && s->on_disk && (r = session_load(ss, s, err)) != 0)
 		return r;
 	s->busy = true;
 	s->kv_taken = false;

@@ -91,6 +91,17 @@ Sessions *sessions_free(Sessions *ss);
 DEFINE_FREEP(Sessions, sessions_free)
 
 /*
+ * Before sessions_acquire() of a Generate on connection conn_id: a session
+ * that is only on disk is loaded on the I/O worker first. Returns 0 (go
+ * on: acquire now), SESSIONS_LOADING (the load runs; the session is busy
+ * meanwhile, and connection_session_loaded(conn_id, code, message) is
+ * called when it is done, code 0 or what to tell the client) or an error
+ * code as sessions_acquire() has, with err set.
+ */
+#define SESSIONS_LOADING 1000
+int sessions_prepare(Sessions *ss, uid_t uid, const char *name, uint64_t conn_id, Error *err);
+
+/*
  * Find or create the session (uid, name) and mark it busy. Returns 0,
  * PROTOCOL_E_SESSION_BUSY, _QUOTA, _CORRUPT (the file was quarantined),
  * PROTOCOL_E_INTERNAL or -ENOMEM, with err saying what to tell the client.

@@ -451,6 +451,22 @@ def case_state_dir(args, tmp):
     d = Daemon(args, tmp, env=env)
     d.wait_ready()
     assert set(td.sess_list(d)) >= {"fifo", "tmpfifo", "keep", "bad"}, td.sess_list(d)
+    # A Generate waits for its session to load on the I/O worker; what follows it on the
+    # connection is handled after it, in order.
+    c = w.Conn(d.sock, timeout=60)
+    c.hello()
+    c.send(td.sess_generate(10, "Hello again.", "tmpfifo", n=2))
+    c.send(w.status(11))
+    kinds, done = [], None
+    while done is None:
+        kind, f = c.recv()
+        kinds.append(kind)
+        assert kind != "error", f
+        if kind == "done":
+            done = f
+    assert "status_reply" in kinds or w.first(status_fields(c, 12), 1) == 12, kinds
+    assert w.first(done, 4) > 0, done  # cached tokens: it was loaded
+    c.close()
     # 3. The file of a known session replaced by a FIFO: refused (not waited on), others still served.
     os.unlink(os.path.join(sdir, "fifo.tkvs"))
     os.mkfifo(os.path.join(sdir, "fifo.tkvs"), 0o600)
