@@ -38,6 +38,7 @@
 
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "tkv_cancel needs a lock-free 64-bit atomic");
 _Static_assert((int)TKV_E_INTERNAL == (int)PROTOCOL_E_INTERNAL, "TkvErrorCode mirrors ErrorCode");
+_Static_assert((int)TKV_E_TIMEOUT == (int)PROTOCOL_E_TIMEOUT, "TkvErrorCode mirrors ErrorCode");
 _Static_assert((int)TKV_E_BAD_FRAME == (int)PROTOCOL_E_BAD_FRAME, "TkvErrorCode mirrors ErrorCode");
 _Static_assert((int)TKV_E_SESSION_NOT_FOUND == (int)PROTOCOL_E_SESSION_NOT_FOUND, "TkvErrorCode mirrors ErrorCode");
 _Static_assert((int)TKV_FINISH_STOP_STRING == (int)TURBOKV__V1__FINISH_REASON__FINISH_REASON_STOP_STRING,
@@ -86,6 +87,7 @@ static const char *const code_names[] = {
 	[TKV_E_SHUTTING_DOWN] = "SHUTTING_DOWN",
 	[TKV_E_CANCELLED] = "CANCELLED",
 	[TKV_E_INTERNAL] = "INTERNAL",
+	[TKV_E_TIMEOUT] = "TIMEOUT",
 };
 
 static const char *const client_code_names[] = {

@@ -18,7 +18,7 @@
 
 typedef enum Key {
 	KEY_MODEL, KEY_KV, KEY_DEVICE, KEY_THREADS, KEY_CTX, KEY_SOCKET, KEY_STATE_DIR,
-	KEY_SESSION_MEMORY, KEY_SESSION_MAX, KEY_SESSION_DISK, KEY_CLIENT_BUFFER, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
+	KEY_SESSION_MEMORY, KEY_SESSION_MAX, KEY_SESSION_DISK, KEY_CLIENT_BUFFER, KEY_CONNECTIONS_PER_USER, KEY_IDLE_TIMEOUT, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
 } Key;
 
 /* Name as flag (--name), file key (name) and environment (TURBOKV_NAME, '-' as '_'). */
@@ -27,6 +27,7 @@ static const char *const key_names[_KEY_MAX] = {
 	[KEY_THREADS] = "threads", [KEY_CTX] = "ctx", [KEY_SOCKET] = "socket",
 	[KEY_STATE_DIR] = "state-dir", [KEY_SESSION_MEMORY] = "session-memory",
 	[KEY_CLIENT_BUFFER] = "client-buffer",
+	[KEY_CONNECTIONS_PER_USER] = "connections-per-user", [KEY_IDLE_TIMEOUT] = "idle-timeout",
 	[KEY_SESSION_MAX] = "session-max", [KEY_SESSION_DISK] = "session-disk",
 	[KEY_CONFIG] = "config", [KEY_HELP] = "help", [KEY_VERSION] = "version",
 };
@@ -49,6 +50,9 @@ void config_usage(void)
 	       "  --session-disk BYTES   disk space of one user's sessions (default 8G)\n"
 	       "  --client-buffer BYTES  replies held for a client that does not read, before\n"
 	       "                         the daemon pauses its requests (4K..64M, default 256K)\n"
+	       "  --connections-per-user N  connections one user may hold (1..256, default 32)\n"
+	       "  --idle-timeout SEC     close connections idle this long (0: never; default 1800);\n"
+	       "                         a connection must say Hello within min(10, SEC) s\n"
 	       "  --config FILE          read key=value settings from FILE\n"
 	       "  --help, --version\n\n"
 	       "Each setting may also come from TURBOKV_<NAME> in the environment\n"
@@ -167,6 +171,18 @@ static int config_set(Config *c, Key key, const char *value, const char *where, 
 		    c->client_buffer > CONFIG_CLIENT_BUFFER_MAX)
 			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not a byte count in [4K, 64M]", where, value);
 		break;
+	case KEY_CONNECTIONS_PER_USER:
+		if (parse_int(value, 1, CONFIG_MAX_CONNECTIONS, &v) < 0)
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not an integer in [1, %u]", where, value,
+					 CONFIG_MAX_CONNECTIONS);
+		c->connections_per_user = (unsigned)v;
+		break;
+	case KEY_IDLE_TIMEOUT:
+		if (parse_int(value, 0, 7 * 24 * 3600, &v) < 0)
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not a number of seconds in [0, 604800]",
+					 where, value);
+		c->idle_timeout_s = (unsigned)v;
+		break;
 	case KEY_CONFIG:
 		r = set_string(&c->config_path, value);
 		break;
@@ -275,6 +291,8 @@ static int config_defaults(Config *c)
 	c->session_max = 64;
 	c->session_disk = 8ull << 30;
 	c->client_buffer = 256u * 1024;
+	c->connections_per_user = CONFIG_CONNECTIONS_PER_USER_DEFAULT;
+	c->idle_timeout_s = CONFIG_IDLE_TIMEOUT_DEFAULT_S;
 	model_default_path(buf, sizeof(buf));
 	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, KV_DEFAULT_SPEC) < 0)
 		return -ENOMEM;
@@ -318,6 +336,8 @@ int config_load(Config *c, int argc, char **argv, Error *err)
 		{ "client-buffer", required_argument, NULL, KEY_CLIENT_BUFFER },
 		{ "session-max", required_argument, NULL, KEY_SESSION_MAX },
 		{ "session-disk", required_argument, NULL, KEY_SESSION_DISK },
+		{ "connections-per-user", required_argument, NULL, KEY_CONNECTIONS_PER_USER },
+		{ "idle-timeout", required_argument, NULL, KEY_IDLE_TIMEOUT },
 		{ "config", required_argument, NULL, KEY_CONFIG },
 		{ "help", no_argument, NULL, KEY_HELP },
 		{ "version", no_argument, NULL, KEY_VERSION },

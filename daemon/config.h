@@ -17,6 +17,8 @@
  *   --session-max N    session-max=N       TURBOKV_SESSION_MAX     sessions per uid, 1..4096 (64)
  *   --session-disk B   session-disk=B      TURBOKV_SESSION_DISK    session files per uid, bytes (8G)
  *   --client-buffer B  client-buffer=B     TURBOKV_CLIENT_BUFFER   bytes, 4K..64M (connection.h)
+ *   --connections-per-user N  (same key)  TURBOKV_CONNECTIONS_PER_USER  1..256 (32; bounds.h)
+ *   --idle-timeout S   idle-timeout=S      TURBOKV_IDLE_TIMEOUT    seconds, 0 never (1800; bounds.h)
  *   --config FILE      -                   TURBOKV_CONFIG
  *
  * The config file holds `key = value` lines; blank lines and lines
@@ -53,6 +55,8 @@ typedef struct Config {
 	unsigned session_max;    /* sessions per uid */
 	uint64_t session_disk;   /* bytes of session files per uid */
 	uint64_t client_buffer;  /* bytes of replies held for a client before its requests pause */
+	unsigned connections_per_user; /* connections one uid may hold */
+	unsigned idle_timeout_s; /* a connection with nothing in flight is closed after this; 0: never */
 	char *config_path;
 	bool help;
 	bool version;
@@ -60,6 +64,9 @@ typedef struct Config {
 
 #define CONFIG_CLIENT_BUFFER_MIN (4u * 1024)
 #define CONFIG_CLIENT_BUFFER_MAX (64u * 1024 * 1024)
+#define CONFIG_MAX_CONNECTIONS 256u             /* = MANAGER_MAX_CONNECTIONS (bounds.h) */
+#define CONFIG_CONNECTIONS_PER_USER_DEFAULT 32u
+#define CONFIG_IDLE_TIMEOUT_DEFAULT_S 1800u
 
 /* Positive codes of this module. */
 enum {

@@ -35,7 +35,7 @@ static void connection_update_events(Connection *c)
 	uint32_t ev = 0;
 	if (c->dead || !c->io)
 		return;
-	if (!c->closing && !connection_behind(c))
+	if (!c->closing && !c->parked && !connection_behind(c))
 		ev |= EPOLLIN;
 	if (frame_writer_pending(c->writer) > 0)
 		ev |= EPOLLOUT;
@@ -117,8 +117,9 @@ void connection_send_error(Connection *c, uint64_t request_id, int code, const c
 	connection_send(c, &msg);
 	if (request_id == 0) {
 		/* Connection-level: nothing more is read; close once this is written. */
-		log_info("client %llu (uid %u): %s: %s; closing", (unsigned long long)c->id,
-			 (unsigned)c->cred.uid, protocol_error_code_name(code), text);
+		c->closing_ns = now_ns();
+		log_info_ratelimited("client %llu (uid %u): %s: %s; closing", (unsigned long long)c->id,
+				     (unsigned)c->cred.uid, protocol_error_code_name(code), text);
 		c->closing = true;
 		connection_flush(c);
 	}
@@ -145,11 +146,11 @@ void connection_request_done(Connection *c, Request *r)
 	size_t i;
 	if (!connection_find(c, r->id, &i))
 		return;
-	if (c->manager->scheduler)
-		scheduler_remove(c->manager->scheduler, r);
+	c->active_ns = now_ns(); /* idle from the end of its last request */
 	memmove(c->requests + i, c->requests + i + 1, (c->n_requests - i - 1) * sizeof(Request *));
 	c->n_requests--;
-	request_free(r);
+	if (!scheduler_remove(c->manager->scheduler, r))
+		request_free(r);
 }
 
 static void connection_send_hello_reply(Connection *c, uint32_t version)
@@ -204,13 +205,30 @@ static void connection_send_status(Connection *c, uint64_t id)
 	connection_send(c, &msg);
 }
 
-static void connection_generate(Connection *c, const Turbokv__V1__Generate *g, int *fds, size_t n_fds)
+/*
+ * A Generate: a new Request for the scheduler, or an Error. Returns true
+ * when it must wait for its session to load (fds not consumed: park it).
+ */
+static bool connection_generate(Connection *c, const Turbokv__V1__Generate *g, int *fds, size_t n_fds,
+				bool loaded)
 {
 	Manager *m = c->manager;
 	Request *r = NULL;
 	Error err = { 0 };
 	int k;
 
+	if (!loaded && !m->stopping && g->session && g->session[0] && !connection_find(c, g->request_id, NULL) &&
+	    c->n_requests < MANAGER_MAX_REQUESTS_PER_CLIENT) {
+		k = sessions_prepare(m->sessions, c->cred.uid, g->session, c->id, &err);
+		if (k == SESSIONS_LOADING)
+			return true;
+		if (k != 0) {
+			for (size_t i = 0; i < n_fds; i++)
+				safe_close(fds[i]);
+			connection_send_error(c, g->request_id, k > 0 ? k : PROTOCOL_E_INTERNAL, "%s", err.msg);
+			return false;
+		}
+	}
 	if (m->stopping)
 		k = error_set(&err, PROTOCOL_E_SHUTTING_DOWN, "the daemon is stopping");
 	else if (connection_find(c, g->request_id, NULL))
@@ -219,6 +237,10 @@ static void connection_generate(Connection *c, const Turbokv__V1__Generate *g, i
 	else if (c->n_requests >= MANAGER_MAX_REQUESTS_PER_CLIENT)
 		k = error_set(&err, PROTOCOL_E_TOO_MANY_REQUESTS, "at most %u requests may be in flight",
 			      MANAGER_MAX_REQUESTS_PER_CLIENT);
+	else if (connection_uid_usage(m, c->cred.uid).requests >= MANAGER_MAX_REQUESTS_PER_UID)
+		k = error_set(&err, PROTOCOL_E_TOO_MANY_REQUESTS,
+			      "your connections have %u requests in flight, the most one user may have",
+			      MANAGER_MAX_REQUESTS_PER_UID);
 	else {
 		k = request_new_consume_fds(m, c, g, fds, n_fds, &r, &err);
 		n_fds = 0;
@@ -227,10 +249,11 @@ static void connection_generate(Connection *c, const Turbokv__V1__Generate *g, i
 		safe_close(fds[i]);
 	if (k != 0) {
 		connection_send_error(c, g->request_id, k > 0 ? k : PROTOCOL_E_INTERNAL, "%s", err.msg);
-		return;
+		return false;
 	}
 	c->requests[c->n_requests++] = r;
 	scheduler_add(m->scheduler, r);
+	return false;
 }
 
 static void connection_cancel(Connection *c, uint64_t id)
@@ -245,12 +268,31 @@ static void connection_cancel(Connection *c, uint64_t id)
 	connection_request_done(c, r);
 }
 
-/* Act on one validated message that came after Hello. */
-static void connection_dispatch(Connection *c, const Turbokv__V1__ClientMessage *msg, int *fds, size_t n_fds)
+/* Keep a Generate (msg taken over, fds too) until its session is loaded; stop reading meanwhile. */
+static void connection_park(Connection *c, Turbokv__V1__ClientMessage **msg, const int *fds, size_t n_fds)
 {
+	c->parked = TAKE_PTR(*msg);
+	memcpy(c->parked_fds, fds, n_fds * sizeof(int));
+	c->n_parked_fds = n_fds;
+	connection_update_events(c);
+}
+
+static void connection_unpark(Connection *c)
+{
+	for (size_t i = 0; i < c->n_parked_fds; i++)
+		safe_close(c->parked_fds[i]);
+	c->n_parked_fds = 0;
+	c->parked = protocol_client_message_free(c->parked);
+}
+
+/* Act on one validated message that came after Hello (a Generate may take msg over, see connection_park()). */
+static void connection_dispatch(Connection *c, Turbokv__V1__ClientMessage **msgp, int *fds, size_t n_fds)
+{
+	const Turbokv__V1__ClientMessage *msg = *msgp;
 	switch (msg->msg_case) {
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_GENERATE:
-		connection_generate(c, msg->generate, fds, n_fds);
+		if (connection_generate(c, msg->generate, fds, n_fds, false))
+			connection_park(c, msgp, fds, n_fds);
 		return;
 	case TURBOKV__V1__CLIENT_MESSAGE__MSG_CANCEL:
 		connection_cancel(c, msg->cancel->request_id);
@@ -330,7 +372,9 @@ static void connection_handle_frame(Connection *c, const Frame *f)
 		return;
 	}
 
-	r = protocol_validate_client_message(msg, n_fds, &err);
+	r = protocol_check_encoded_strings(f->data, f->len, &err);
+	if (r == 0)
+		r = protocol_validate_client_message(msg, n_fds, &err);
 	if (r == 0 && !c->hello_done && msg->msg_case != TURBOKV__V1__CLIENT_MESSAGE__MSG_HELLO)
 		r = error_set(&err, PROTOCOL_E_HELLO_REQUIRED, "the first message must be Hello");
 	else if (r == 0 && c->hello_done && msg->msg_case == TURBOKV__V1__CLIENT_MESSAGE__MSG_HELLO)
@@ -353,7 +397,38 @@ static void connection_handle_frame(Connection *c, const Frame *f)
 		connection_send_hello_reply(c, msg->hello->protocol_version);
 		return;
 	}
-	connection_dispatch(c, msg, fds, n_fds);
+	connection_dispatch(c, &msg, fds, n_fds);
+}
+
+/* Handle the complete frames the reader holds (until one parks). */
+static void connection_handle_frames(Connection *c)
+{
+	Frame f;
+	while (!c->dead && !c->closing && !c->parked && frame_reader_pop(c->reader, &f) == 0) {
+		c->active_ns = now_ns();
+		connection_handle_frame(c, &f);
+	}
+}
+
+void connection_session_loaded(Manager *m, uint64_t conn_id, int code, const char *message)
+{
+	Connection *c = m->connections;
+	while (c && c->id != conn_id)
+		c = c->next;
+	if (!c || c->dead || !c->parked)
+		return;
+	const Turbokv__V1__Generate *g = c->parked->generate;
+	if (code != 0) {
+		connection_send_error(c, g->request_id, code > 0 ? code : PROTOCOL_E_INTERNAL, "%s", message);
+		connection_unpark(c);
+	} else {
+		(void)connection_generate(c, g, c->parked_fds, c->n_parked_fds, true); /* consumes the fds */
+		c->n_parked_fds = 0;
+		connection_unpark(c);
+	}
+	connection_handle_frames(c);
+	connection_update_events(c);
+	manager_gc(m);
 }
 
 /* Read what is there, handle complete frames. */
@@ -362,14 +437,25 @@ static void connection_read(Connection *c)
 	uint8_t buf[CONNECTION_READ_BYTES];
 	Error err = { 0 };
 
-	for (int i = 0; i < CONNECTION_READS_PER_EVENT && !c->dead && !c->closing; i++) {
+	for (int i = 0; i < CONNECTION_READS_PER_EVENT && !c->dead && !c->closing && !c->parked; i++) {
 		size_t n;
 		int r = fdpass_recv(c->fd, buf, sizeof(buf), c->fds, &n);
 		if (r == -EAGAIN || r == -EINTR)
 			return;
+		if (r == FDPASS_E_CTRUNC) {
+			connection_send_error(c, 0, PROTOCOL_E_BAD_MESSAGE,
+					      "more than %u descriptors sent with one message", (unsigned)FDPASS_MAX_FDS);
+			return;
+		}
+		if (r == FDPASS_E_TOO_MANY_FDS) {
+			connection_send_error(c, 0, PROTOCOL_E_TOO_MANY_REQUESTS,
+					      "too many descriptors waiting for their frames (at most %u)",
+					      CONNECTION_MAX_PARKED_FDS);
+			return;
+		}
 		if (r != 0) {
-			log_info("client %llu: receive failed: %s; dropping it", (unsigned long long)c->id,
-				 r > 0 ? fdpass_error_name(r) : strerror(-r));
+			log_info_ratelimited("client %llu: receive failed: %s; dropping it", (unsigned long long)c->id,
+					     r > 0 ? fdpass_error_name(r) : strerror(-r));
 			connection_kill(c);
 			return;
 		}
@@ -378,14 +464,19 @@ static void connection_read(Connection *c)
 			connection_kill(c);
 			return;
 		}
+		if (fd_queue_size(c->fds) > 0 &&
+		    connection_uid_usage(c->manager, c->cred.uid).parked_fds > MANAGER_MAX_PARKED_FDS_PER_UID) {
+			connection_send_error(c, 0, PROTOCOL_E_BUSY,
+					      "your connections hold more than %u descriptors for unfinished messages",
+					      MANAGER_MAX_PARKED_FDS_PER_UID);
+			return;
+		}
 		r = frame_reader_feed(c->reader, buf, n, &err);
 		if (r != 0) {
 			connection_send_error(c, 0, PROTOCOL_E_BAD_FRAME, "%s", r > 0 ? err.msg : strerror(-r));
 			return;
 		}
-		Frame f;
-		while (!c->dead && !c->closing && frame_reader_pop(c->reader, &f) == 0)
-			connection_handle_frame(c, &f);
+		connection_handle_frames(c);
 	}
 }
 
@@ -417,12 +508,13 @@ int connection_new_consume_fd(Manager *m, int fd, Connection **ret)
 	c->manager = m;
 	c->fd = fd;
 	c->id = ++m->next_connection_id;
+	c->created_ns = c->active_ns = now_ns();
 	/* The kernel holds no more than we would: a client that does not read is paused sooner. */
 	int sndbuf = (int)m->config->client_buffer;
 	(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 	if ((r = peercred_get(fd, &c->cred)) < 0 || (r = frame_reader_new(PROTOCOL_MAX_FRAME_BYTES, &c->reader)) < 0 ||
 	    (r = frame_writer_new(PROTOCOL_MAX_FRAME_BYTES, &c->writer)) < 0 ||
-	    (r = fd_queue_new(0, &c->fds)) < 0 ||
+	    (r = fd_queue_new(CONNECTION_MAX_PARKED_FDS, &c->fds)) < 0 ||
 	    (r = sd_event_add_io(m->event, &c->io, fd, EPOLLIN, connection_on_io, c)) < 0) {
 		connection_free(c);
 		return r;
@@ -451,12 +543,14 @@ Connection *connection_free(Connection *c)
 			c->next->prev = c->prev;
 		m->n_connections--;
 	}
-	if (m->scheduler)
-		scheduler_forget(m->scheduler, c);
+	for (size_t i = 0; i < c->n_requests; i++)
+		if (!scheduler_remove(m->scheduler, c->requests[i]))
+			request_free(c->requests[i]);
+	c->n_requests = 0;
+	scheduler_forget(m->scheduler, c);
 	if (c->dead)
 		m->n_dead--;
-	for (size_t i = 0; i < c->n_requests; i++)
-		request_free(c->requests[i]);
+	connection_unpark(c);
 	sd_event_source_disable_unref(c->io);
 	frame_reader_free(c->reader);
 	frame_writer_free(c->writer);
@@ -468,6 +562,10 @@ Connection *connection_free(Connection *c)
 
 void connection_shutdown(Connection *c)
 {
+	if (c->parked) {
+		connection_send_error(c, c->parked->generate->request_id, PROTOCOL_E_SHUTTING_DOWN, "the daemon is stopping");
+		connection_unpark(c);
+	}
 	while (c->n_requests > 0) {
 		Request *r = c->requests[0];
 		request_cancel(r, true);
@@ -475,4 +573,58 @@ void connection_shutdown(Connection *c)
 	}
 	c->closing = true;
 	connection_flush(c);
+}
+
+ConnectionUsage connection_uid_usage(const Manager *m, uid_t uid)
+{
+	ConnectionUsage u = { 0 };
+	for (const Connection *c = m->connections; c; c = c->next)
+		if (c->cred.uid == uid && !c->dead) {
+			u.connections++;
+			u.requests += (unsigned)c->n_requests;
+			u.parked_fds += fd_queue_size(c->fds);
+		}
+	return u;
+}
+
+void connection_check_timeouts(Connection *c, uint64_t now)
+{
+	const Config *cfg = c->manager->config;
+	uint64_t idle_ns = (uint64_t)cfg->idle_timeout_s * 1000000000ull;
+	uint64_t hello_ns = (uint64_t)MANAGER_HELLO_TIMEOUT_S * 1000000000ull;
+
+	if (c->dead)
+		return;
+	if (c->closing) {
+		/* An Error it does not read: drop it rather than hold its slot. */
+		if (now - c->closing_ns > (uint64_t)MANAGER_CLOSE_TIMEOUT_S * 1000000000ull)
+			connection_kill(c);
+		return;
+	}
+	if (idle_ns && idle_ns < hello_ns)
+		hello_ns = idle_ns;
+	if (!c->hello_done && now - c->created_ns > hello_ns)
+		connection_send_error(c, 0, PROTOCOL_E_TIMEOUT, "no Hello within %.0f s of connecting", hello_ns / 1e9);
+	else if (c->hello_done && idle_ns && c->n_requests == 0 && now - c->active_ns > idle_ns)
+		connection_send_error(c, 0, PROTOCOL_E_TIMEOUT, "idle for %u s; connect again when needed",
+				      cfg->idle_timeout_s);
+}
+
+void connection_refuse_consume_fd(int fd, int code, const char *message)
+{
+	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
+	Turbokv__V1__Error e = TURBOKV__V1__ERROR__INIT;
+	uint8_t buf[4 + 512];
+
+	e.code = (Turbokv__V1__ErrorCode)code;
+	e.message = (char *)message;
+	msg.msg_case = TURBOKV__V1__SERVER_MESSAGE__MSG_ERROR;
+	msg.error = &e;
+	size_t len = turbokv__v1__server_message__get_packed_size(&msg);
+	if (len + 4 <= sizeof(buf)) {
+		put_le(buf, len, 4);
+		turbokv__v1__server_message__pack(&msg, buf + 4);
+		(void)!send(fd, buf, len + 4, MSG_DONTWAIT | MSG_NOSIGNAL);
+	}
+	safe_close(fd);
 }

@@ -18,14 +18,79 @@
 #include "daemon/connection.h"
 #include "daemon/listener.h"
 #include "daemon/log.h"
+#include "ipc/peercred.h"
 
 struct Listener {
 	Manager *manager;
 	int fd;
 	sd_event_source *io;
 	char *path;      /* our own socket file, unlinked at the end; NULL when activated */
+	int reserve_fd;  /* /dev/null, given up to accept (and refuse) a client on EMFILE */
+	sd_event_source *resume; /* re-enables accepting after a back-off */
+	unsigned backoff_ms;
+	dev_t dev;       /* of path as we bound it: only that file is ours to unlink */
+	ino_t ino;
 	bool activated;
 };
+
+/* Stop accepting for a while (the descriptor table is full): no busy loop on EMFILE. */
+static void listener_back_off(Listener *l)
+{
+	l->backoff_ms = l->backoff_ms ? MIN(l->backoff_ms * 2, MANAGER_ACCEPT_BACKOFF_MAX_MS) : MANAGER_ACCEPT_BACKOFF_MS;
+	(void)sd_event_source_set_enabled(l->io, SD_EVENT_OFF);
+	(void)sd_event_source_set_time_relative(l->resume, (uint64_t)l->backoff_ms * 1000);
+	(void)sd_event_source_set_enabled(l->resume, SD_EVENT_ONESHOT);
+}
+
+static int listener_on_resume(sd_event_source *s, uint64_t usec, void *userdata)
+{
+	Listener *l = userdata;
+	if (l->io)
+		(void)sd_event_source_set_enabled(l->io, SD_EVENT_ON);
+	return 0;
+}
+
+/*
+ * Out of descriptors: give up the reserve to take the waiting client,
+ * tell it BUSY, close it, take the reserve back, pause accepting.
+ */
+static void listener_shed(Listener *l, int fd, int err)
+{
+	log_warning_ratelimited("accept failed: %s; refusing clients for %u ms", strerror(err),
+				MIN(l->backoff_ms ? l->backoff_ms * 2 : MANAGER_ACCEPT_BACKOFF_MS,
+				    MANAGER_ACCEPT_BACKOFF_MAX_MS));
+	l->reserve_fd = safe_close(l->reserve_fd);
+	int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	if (cfd >= 0)
+		connection_refuse_consume_fd(cfd, PROTOCOL_E_BUSY, "the daemon is out of file descriptors; retry later");
+	l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	listener_back_off(l);
+}
+
+/* A client the caps leave no room for: BUSY, naming the cap. */
+static bool listener_admit(Listener *l, int cfd)
+{
+	Manager *m = l->manager;
+	char msg[160];
+	PeerCred cred;
+
+	if (m->n_connections >= MANAGER_MAX_CONNECTIONS) {
+		snprintf(msg, sizeof(msg), "the daemon serves %u connections, its most; retry later", m->n_connections);
+		log_warning_ratelimited("refusing a client: %u connections already", m->n_connections);
+		connection_refuse_consume_fd(cfd, PROTOCOL_E_BUSY, msg);
+		return false;
+	}
+	if (peercred_get(cfd, &cred) < 0)
+		return true; /* connection_new_consume_fd() reports it */
+	unsigned n = connection_uid_usage(m, cred.uid).connections;
+	if (n >= m->config->connections_per_user) {
+		snprintf(msg, sizeof(msg), "you hold %u connections, the most one user may (connections-per-user)", n);
+		log_warning_ratelimited("refusing a client of uid %u: it holds %u connections", (unsigned)cred.uid, n);
+		connection_refuse_consume_fd(cfd, PROTOCOL_E_BUSY, msg);
+		return false;
+	}
+	return true;
+}
 
 static int listener_on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata)
 {
@@ -35,15 +100,15 @@ static int listener_on_accept(sd_event_source *s, int fd, uint32_t revents, void
 	for (int i = 0; i < 16; i++) {
 		int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (cfd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				log_warning("accept failed: %m");
-			break;
+			if (errno == EMFILE || errno == ENFILE)
+				listener_shed(l, fd, errno);
+			else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				log_warning_ratelimited("accept failed: %m");
+			return 0;
 		}
-		if (m->n_connections >= MANAGER_MAX_CONNECTIONS) {
-			log_warning("refusing a client: %u connections already", m->n_connections);
-			safe_close(cfd);
+		l->backoff_ms = 0;
+		if (!listener_admit(l, cfd))
 			continue;
-		}
 		Connection *c;
 		int r = connection_new_consume_fd(m, cfd, &c);
 		if (r < 0)
@@ -130,6 +195,11 @@ static int listener_bind(Listener *l, const char *path)
 		return -ENOMEM;
 	if (chmod(path, root ? 0660 : 0600) < 0)
 		return log_error_errno(-errno, "cannot set the mode of %s: %m", path);
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return log_error_errno(-errno, "cannot stat %s: %m", path);
+	l->dev = st.st_dev;
+	l->ino = st.st_ino;
 	if (listen(l->fd, SOMAXCONN) < 0)
 		return log_error_errno(-errno, "cannot listen on %s: %m", path);
 	log_info("listening on %s (mode %s)", path, root ? "0660" : "0600");
@@ -160,6 +230,7 @@ int listener_new(Manager *m, const char *path, Listener **ret)
 		return -ENOMEM;
 	l->manager = m;
 	l->fd = -1;
+	l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	n = sd_listen_fds(1);
 	if (n < 0)
 		r = log_error_errno(n, "cannot read the sockets passed by systemd: %m");
@@ -169,6 +240,11 @@ int listener_new(Manager *m, const char *path, Listener **ret)
 		r = listener_bind(l, path);
 	if (r == 0 && (r = sd_event_add_io(m->event, &l->io, l->fd, EPOLLIN, listener_on_accept, l)) < 0)
 		log_error_errno(r, "cannot watch the socket: %m");
+	if (r == 0 && (r = sd_event_add_time_relative(m->event, &l->resume, CLOCK_MONOTONIC, 1000, 0,
+						      listener_on_resume, l)) < 0)
+		log_error_errno(r, "cannot set up the accept back-off: %m");
+	if (r == 0)
+		(void)sd_event_source_set_enabled(l->resume, SD_EVENT_OFF);
 	if (r < 0) {
 		listener_free(l);
 		return r;
@@ -182,6 +258,8 @@ void listener_stop(Listener *l)
 {
 	if (l && l->io)
 		l->io = sd_event_source_disable_unref(l->io);
+	if (l && l->resume)
+		l->resume = sd_event_source_disable_unref(l->resume);
 }
 
 bool listener_activated(const Listener *l)
@@ -194,9 +272,14 @@ Listener *listener_free(Listener *l)
 	if (!l)
 		return NULL;
 	sd_event_source_disable_unref(l->io);
+	sd_event_source_disable_unref(l->resume);
+	safe_close(l->reserve_fd);
 	safe_close(l->fd);
 	if (l->path) {
-		unlink(l->path);
+		/* Only the file we bound: a daemon started after us may have replaced it. */
+		struct stat st;
+		if (lstat(l->path, &st) == 0 && st.st_dev == l->dev && st.st_ino == l->ino)
+			(void)unlink(l->path);
 		free(l->path);
 	}
 	free(l);

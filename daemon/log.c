@@ -42,16 +42,44 @@ static void log_write(int level, const char *fmt, va_list ap, int r)
 	/* %m means the error r stands for, not whatever errno happens to hold. */
 	errno = r < 0 ? -r : saved;
 	vsnprintf(msg, sizeof(msg), fmt, ap);
+	/* A closed or full stderr (`turbokvd | head`) loses the line, nothing more: SIGPIPE is ignored (manager.c). */
 	if (log_to_journal)
-		fprintf(stderr, "<%d>%s\n", level, msg);
+		(void)fprintf(stderr, "<%d>%s\n", level, msg);
 	else
-		fprintf(stderr, "turbokvd: %s\n", msg);
+		(void)fprintf(stderr, "turbokvd: %s\n", msg);
+	if (ferror(stderr))
+		clearerr(stderr);
 	errno = saved;
 }
 
 void log_full(int level, const char *fmt, ...)
 {
 	va_list ap;
+	va_start(ap, fmt);
+	log_write(level, fmt, ap, 0);
+	va_end(ap);
+}
+
+void log_full_ratelimited(LogRatelimit *rl, int level, const char *fmt, ...)
+{
+	uint64_t now = now_ns();
+	va_list ap;
+
+	if (level > log_max_level)
+		return;
+	if (rl->begin_ns == 0 || now - rl->begin_ns >= LOG_RATELIMIT_INTERVAL_NS) {
+		if (rl->suppressed)
+			log_full(LOG_WARNING, "%u similar lines suppressed in the last %llu s", rl->suppressed,
+				 (unsigned long long)((now - rl->begin_ns) / 1000000000ull));
+		rl->begin_ns = now;
+		rl->n = 0;
+		rl->suppressed = 0;
+	}
+	if (rl->n >= LOG_RATELIMIT_BURST) {
+		rl->suppressed++;
+		return;
+	}
+	rl->n++;
 	va_start(ap, fmt);
 	log_write(level, fmt, ap, 0);
 	va_end(ap);

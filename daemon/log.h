@@ -9,6 +9,7 @@
  */
 #pragma once
 
+#include <stdint.h>
 #include <syslog.h>
 
 #include "base/util.h"
@@ -21,6 +22,32 @@ void log_full(int level, const char *fmt, ...) _printf_(2, 3);
 
 /* Log with %m meaning strerror(-r); returns r (negative), for `return log_error_errno(r, ...)`. */
 int log_full_errno(int level, int r, const char *fmt, ...) _printf_(3, 4);
+
+/*
+ * Lines a client can cause (a protocol error, a refused connection) go
+ * through a rate limit per call site: at most LOG_RATELIMIT_BURST lines
+ * per LOG_RATELIMIT_INTERVAL_NS; the next line after a quiet spell says
+ * how many were suppressed. A hostile client cannot fill the disk or the
+ * journal through us.
+ */
+#define LOG_RATELIMIT_INTERVAL_NS (10ull * 1000 * 1000 * 1000)
+#define LOG_RATELIMIT_BURST 20u
+
+typedef struct LogRatelimit {
+	uint64_t begin_ns;
+	unsigned n, suppressed;
+} LogRatelimit;
+
+void log_full_ratelimited(LogRatelimit *rl, int level, const char *fmt, ...) _printf_(3, 4);
+
+#define log_ratelimited(level, ...)                                      \
+	do {                                                             \
+		static LogRatelimit log_rl_;                             \
+		log_full_ratelimited(&log_rl_, (level), __VA_ARGS__);    \
+	} while (0)
+#define log_info_ratelimited(...) log_ratelimited(LOG_INFO, __VA_ARGS__)
+#define log_warning_ratelimited(...) log_ratelimited(LOG_WARNING, __VA_ARGS__)
+#define log_error_ratelimited(...) log_ratelimited(LOG_ERR, __VA_ARGS__)
 
 #define log_debug(...) log_full(LOG_DEBUG, __VA_ARGS__)
 #define log_info(...) log_full(LOG_INFO, __VA_ARGS__)

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "daemon/manager.h"
 #include "daemon/scheduler.h"
 #include "daemon/sessions.h"
+#include "daemon/worker.h"
 #include "engine/kv/kvstore.h"
 #include "ipc/utf8.h"
 
@@ -37,6 +39,10 @@ Manager *manager_free(Manager *m)
 {
 	if (!m)
 		return NULL;
+	m->worker = worker_free(m->worker); /* finishes the job in flight while its requests exist */
+	m->io_worker = worker_free(m->io_worker); /* and the saves, while their sessions exist */
+	sd_event_source_disable_unref(m->watchdog);
+	sd_event_source_disable_unref(m->sweep);
 	while (m->connections)
 		connection_free(m->connections);
 	m->sessions = sessions_free(m->sessions); /* after the requests gave their sessions back */
@@ -104,26 +110,130 @@ static int manager_on_signal(sd_event_source *s, const struct signalfd_siginfo *
 	return 0;
 }
 
+/* SIGUSR1: one line of state in the log. */
+static int manager_on_usr1(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata)
+{
+	Manager *m = userdata;
+	log_info("status: %u connections, %u requests active, %u queued, %u sessions in memory (%llu bytes), "
+		 "%llu tokens generated, up %llu s", m->n_connections, scheduler_n_active(m->scheduler),
+		 scheduler_n_queued(m->scheduler), sessions_n_in_memory(m->sessions),
+		 (unsigned long long)sessions_memory_bytes(m->sessions), (unsigned long long)m->tokens_generated,
+		 (unsigned long long)(manager_uptime_ms(m) / 1000));
+	return 0;
+}
+
+/* SIGUSR2: save every dirty session now (a checkpoint before a backup, say). */
+static int manager_on_usr2(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata)
+{
+	Manager *m = userdata;
+	log_info("received SIGUSR2; saving sessions");
+	sessions_save_all_async(m->sessions);
+	return 0;
+}
+
+/*
+ * Signals: SIGTERM, SIGINT and SIGHUP stop the daemon cleanly (sessions
+ * saved, the socket file removed); SIGUSR1 logs a status line, SIGUSR2
+ * saves sessions; SIGPIPE is ignored (a client or a stderr pipe that went
+ * away is an error return, not our death). All are taken through the
+ * event loop (signalfd), blocked in every thread.
+ */
 static int manager_setup_events(Manager *m)
 {
+	static const int stop[] = { SIGTERM, SIGINT, SIGHUP };
 	sigset_t mask;
 	int r;
 
 	if ((r = sd_event_default(&m->event)) < 0)
 		return log_error_errno(r, "cannot create the event loop: %m");
+	if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+		return log_error_errno(-errno, "cannot ignore SIGPIPE: %m");
 	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
+	for (size_t i = 0; i < ARRAY_SIZE(stop); i++)
+		sigaddset(&mask, stop[i]);
+	sigaddset(&mask, SIGUSR1);
+	sigaddset(&mask, SIGUSR2);
 	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
 		return log_error_errno(-errno, "cannot block signals: %m");
-	if ((r = sd_event_add_signal(m->event, NULL, SIGTERM, manager_on_signal, m)) < 0 ||
-	    (r = sd_event_add_signal(m->event, NULL, SIGINT, manager_on_signal, m)) < 0)
+	for (size_t i = 0; i < ARRAY_SIZE(stop); i++)
+		if ((r = sd_event_add_signal(m->event, NULL, stop[i], manager_on_signal, m)) < 0)
+			return log_error_errno(r, "cannot watch signals: %m");
+	if ((r = sd_event_add_signal(m->event, NULL, SIGUSR1, manager_on_usr1, m)) < 0 ||
+	    (r = sd_event_add_signal(m->event, NULL, SIGUSR2, manager_on_usr2, m)) < 0)
 		return log_error_errno(r, "cannot watch signals: %m");
-	/* Pings WATCHDOG=1 at half of WatchdogSec= when the service sets one; a no-op otherwise. */
-	if ((r = sd_event_set_watchdog(m->event, true)) < 0)
+	return 0;
+}
+
+/* WATCHDOG=1 only while the worker is idle or makes progress (manager.h). */
+static int manager_on_watchdog(sd_event_source *s, uint64_t usec, void *userdata)
+{
+	Manager *m = userdata;
+	uint64_t since = worker_busy_since(m->worker), progress = m->run ? model_run_progress(m->run) : 0;
+	uint64_t io_since = worker_busy_since(m->io_worker);
+	bool alive = since == 0 || progress != m->watchdog_progress ||
+		     now_ns() - since < m->watchdog_usec * 1000 / 2;
+	/* a save may take long on a slow disk; one that never ends is stuck */
+	if (io_since && now_ns() - io_since > (uint64_t)MANAGER_IO_STUCK_S * 1000000000ull)
+		alive = false;
+	m->watchdog_progress = progress;
+	if (alive)
+		(void)sd_notify(false, "WATCHDOG=1");
+	else
+		log_warning("the worker has made no progress for %.1f s; not feeding the watchdog",
+			    (now_ns() - since) / 1e9);
+	(void)sd_event_source_set_time_relative(s, m->watchdog_usec / 4);
+	return 0;
+}
+
+/* Every second: Hello, idle and close timeouts of every connection. */
+static int manager_on_sweep(sd_event_source *s, uint64_t usec, void *userdata)
+{
+	Manager *m = userdata;
+	uint64_t now = now_ns();
+	for (Connection *c = m->connections; c; c = c->next)
+		connection_check_timeouts(c, now);
+	manager_gc(m);
+	(void)sd_event_source_set_time_relative(s, 1000 * 1000);
+	return 0;
+}
+
+/*
+ * Descriptors: the soft RLIMIT_NOFILE up to the hard one (clients and
+ * their attachments need them; bounds.h says what happens when they run
+ * out anyway), and the sweep of connection timeouts.
+ */
+static int manager_setup_limits(Manager *m)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rlim_t want = rl.rlim_max == RLIM_INFINITY ? 65536 : rl.rlim_max;
+		rl.rlim_cur = MAX(rl.rlim_cur, want);
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			log_warning("cannot raise the descriptor limit to %llu: %m", (unsigned long long)rl.rlim_cur);
+	}
+	int r = sd_event_add_time_relative(m->event, &m->sweep, CLOCK_MONOTONIC, 1000 * 1000, 0, manager_on_sweep, m);
+	if (r < 0)
+		return log_error_errno(r, "cannot set up the connection timeouts: %m");
+	(void)sd_event_source_set_enabled(m->sweep, SD_EVENT_ON);
+	(void)sd_event_source_set_description(m->sweep, "timeouts");
+	return 0;
+}
+
+static int manager_setup_watchdog(Manager *m)
+{
+	uint64_t usec = 0;
+	int r = sd_watchdog_enabled(false, &usec);
+	if (r < 0)
+		return log_error_errno(r, "cannot read WATCHDOG_USEC: %m");
+	if (r == 0 || usec == 0)
+		return 0;
+	m->watchdog_usec = usec;
+	r = sd_event_add_time_relative(m->event, &m->watchdog, CLOCK_MONOTONIC, usec / 4, 0, manager_on_watchdog, m);
+	if (r < 0)
 		return log_error_errno(r, "cannot set up the watchdog: %m");
-	if (r > 0)
-		log_info("watchdog enabled");
+	(void)sd_event_source_set_enabled(m->watchdog, SD_EVENT_ON);
+	(void)sd_event_source_set_description(m->watchdog, "watchdog");
+	log_info("watchdog enabled");
 	return 0;
 }
 
@@ -312,6 +422,10 @@ int manager_startup(Manager *m)
 		return log_error_errno(r, "cannot start %d threads: %m", cfg->threads);
 	if ((r = model_run_new(m->model, MANAGER_PREFILL_CHUNK, m->threads, &m->run)) != 0)
 		return log_error_errno(r < 0 ? r : -ENOMEM, "cannot allocate activations: %m");
+	if ((r = worker_new(m->event, &m->worker)) < 0 || (r = worker_new(m->event, &m->io_worker)) < 0)
+		return log_error_errno(r, "cannot start the worker threads: %m");
+	if ((r = manager_setup_watchdog(m)) < 0 || (r = manager_setup_limits(m)) < 0)
+		return r;
 	if ((r = scheduler_new(m, &m->scheduler)) < 0)
 		return log_error_errno(r, "cannot set up the scheduler: %m");
 	if ((r = sessions_new(m, &m->sessions)) < 0)
@@ -341,5 +455,7 @@ void manager_shutdown(Manager *m)
 	if (!m->stopping)
 		(void)sd_notify(false, "STOPPING=1");
 	(void)sd_notify(false, "STATUS=Stopped");
+	worker_drain(m->worker); /* the job in flight gives its sessions back */
+	worker_drain(m->io_worker);
 	sessions_save_all(m->sessions);
 }

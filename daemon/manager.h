@@ -11,11 +11,16 @@
  *   manager_free()
  *
  * The manager owns what every part shares: the model, the tokenizer, the
- * chat template, the thread pool, the one ModelRun (activation scratch:
- * all model work runs on the event-loop thread, one prefill chunk or one
- * batched decode round at a time, so requests share it; each request
- * owns its KvCache and Sampler), the list of
- * connections and the scheduler.
+ * chat template, the thread pool, the worker thread (worker.h), the one
+ * ModelRun (activation scratch: all model work runs on the worker, one
+ * job at a time, so requests share it; each request owns its KvCache and
+ * Sampler), the list of connections and the scheduler.
+ *
+ * The watchdog (WatchdogSec=): WATCHDOG=1 is sent every quarter of the
+ * period while the worker is idle or its model evaluation advances
+ * (model_run_progress()), or its job started less than half a period
+ * ago; a worker stuck in one place stops the pings and systemd restarts
+ * the daemon, a busy one keeps them coming.
  */
 #pragma once
 
@@ -24,6 +29,7 @@
 #include <systemd/sd-event.h>
 
 #include "daemon/config.h"
+#include "daemon/bounds.h"
 #include "engine/kv/kvtype.h"
 #include "engine/model/model.h"
 #include "engine/text/chat.h"
@@ -34,13 +40,7 @@ typedef struct Connection Connection;
 typedef struct Listener Listener;
 typedef struct Scheduler Scheduler;
 typedef struct Sessions Sessions;
-
-/* Limits the daemon enforces on each client (sent in HelloReply). */
-#define MANAGER_MAX_REQUESTS_PER_CLIENT 8u
-#define MANAGER_MAX_ACTIVE_REQUESTS 16u   /* requests prefilling or decoding at once, all clients */
-#define MANAGER_MAX_CONNECTIONS 256u
-#define MANAGER_KV_SEED 0                 /* TurboQuant codec seed of every request's cache */
-#define MANAGER_PREFILL_CHUNK 512         /* prompt tokens evaluated per scheduler step */
+typedef struct Worker Worker;
 
 typedef struct Manager {
 	const Config *config;   /* borrowed */
@@ -48,6 +48,12 @@ typedef struct Manager {
 	Listener *listener;
 	Scheduler *scheduler;
 	Sessions *sessions;     /* named sessions (sessions.h) */
+	Worker *worker;         /* model work, off the loop (worker.h) */
+	Worker *io_worker;      /* session file saves, off the loop */
+	sd_event_source *watchdog;
+	sd_event_source *sweep;  /* every second: connection timeouts (bounds.h) */
+	uint64_t watchdog_usec;
+	uint64_t watchdog_progress; /* model_run_progress() at the last tick */
 
 	Backend *backend;       /* where the model runs (--device) */
 	Model *model;

@@ -58,6 +58,40 @@ static int attachment_error_code(int r)
 	}
 }
 
+/* The longest head: every byte of the longest name escaped as "&#NN;" (6 bytes). */
+#define ATTACHMENT_HEAD_BYTES (PROTOCOL_MAX_NAME_BYTES * 6 + 32)
+
+/*
+ * `<attachment name="NAME">\n` with NAME escaped (request.h): a name cannot
+ * close the attribute or the tag, nor start a line of its own.
+ */
+static void attachment_head(const char *name, char *buf, size_t size)
+{
+	size_t n = 0;
+	n += (size_t)snprintf(buf, size, "<attachment name=\"");
+	for (const char *p = name; *p && n + 8 < size; p++) {
+		const char *e = NULL;
+		char num[8];
+		switch (*p) {
+		case '&': e = "&amp;"; break;
+		case '"': e = "&quot;"; break;
+		case '<': e = "&lt;"; break;
+		case '>': e = "&gt;"; break;
+		default:
+			if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+				snprintf(num, sizeof(num), "&#%d;", *p);
+				e = num;
+			}
+		}
+		if (e) {
+			memcpy(buf + n, e, strlen(e));
+			n += strlen(e);
+		} else
+			buf[n++] = *p;
+	}
+	snprintf(buf + n, size - n, "\">\n");
+}
+
 /*
  * The text of every attachment, framed as request.h documents, into b.
  * A text that certainly has more tokens than the context is refused here,
@@ -71,7 +105,7 @@ static int attachments_read(Manager *m, const Turbokv__V1__Generate *g, const in
 		const Turbokv__V1__Attachment *a = g->attachments[i];
 		MemfdMapping map = { 0 };
 		Error e = { 0 };
-		char head[PROTOCOL_MAX_NAME_BYTES + 32];
+		char head[ATTACHMENT_HEAD_BYTES];
 		int r;
 
 		r = memfd_map_text(fds[a->fd_index], PROTOCOL_MAX_ATTACHMENT_BYTES, &map, &e);
@@ -79,10 +113,11 @@ static int attachments_read(Manager *m, const Turbokv__V1__Generate *g, const in
 			return error_set(err, attachment_error_code(r), "attachments[%zu]: %s", i,
 					 e.msg[0] ? e.msg : strerror(r < 0 ? -r : EINVAL));
 		if (map.size != a->size) {
+			size_t real = map.size; /* before the release clears it */
 			memfd_mapping_release(&map);
 			return error_set(err, PROTOCOL_E_ATTACHMENT_SIZE_MISMATCH,
 					 "attachments[%zu]: size says %llu bytes, the memfd holds %zu", i,
-					 (unsigned long long)a->size, map.size);
+					 (unsigned long long)a->size, real);
 		}
 		total += map.size;
 		if (total / m->max_piece_bytes > (uint64_t)m->n_ctx) {
@@ -91,7 +126,7 @@ static int attachments_read(Manager *m, const Turbokv__V1__Generate *g, const in
 					 "attachments of %llu bytes cannot fit a context of %lld tokens",
 					 (unsigned long long)total, (long long)m->n_ctx);
 		}
-		snprintf(head, sizeof(head), "<attachment name=\"%s\">\n", a->name ? a->name : "");
+		attachment_head(a->name ? a->name : "", head, sizeof(head));
 		r = buf_append(b, head, strlen(head));
 		if (r == 0)
 			r = buf_append(b, map.data, map.size);
@@ -393,6 +428,7 @@ int request_new_consume_fds(Manager *m, Connection *c, const Turbokv__V1__Genera
 		k = error_set(err, -ENOMEM, "out of memory");
 		goto out;
 	}
+	r->manager = m;
 	r->conn = c;
 	r->id = g->request_id;
 	r->state = REQUEST_QUEUED;
@@ -444,7 +480,7 @@ static char *request_answer(const Request *r, Manager *m, size_t *ret_len)
  */
 static void request_session_release(Request *r)
 {
-	Manager *m = r->conn->manager;
+	Manager *m = r->manager;
 	SessionMessage *turns = TAKE_PTR(r->turns);
 	size_t n_turns = r->n_turns;
 
@@ -585,7 +621,7 @@ static int request_fail(Request *r, int k)
 		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
 	/* the device's own words go to the log, not to the client */
 	log_error("request %llu: evaluation failed (%d) on %s %s", (unsigned long long)r->id, k,
-		  r->conn->manager->device_name, backend_last_error(r->conn->manager->backend));
+		  r->manager->device_name, backend_last_error(r->manager->backend));
 	connection_send_error(r->conn, r->id, PROTOCOL_E_INTERNAL, "evaluation failed: %s",
 			      k < 0 ? strerror(-k) : "engine error");
 	return 1;
@@ -639,17 +675,13 @@ int request_decode_output(Request *r, Manager *m, float *logits, uint64_t eval_n
 	return 0;
 }
 
-int request_prefill(Request *r, Manager *m, size_t max_tokens)
+int request_prefill_output(Request *r, Manager *m, size_t n, int k, uint64_t eval_ns)
 {
 	Turbokv__V1__ServerMessage msg = TURBOKV__V1__SERVER_MESSAGE__INIT;
 	Turbokv__V1__Progress p = TURBOKV__V1__PROGRESS__INIT;
-	size_t n = MIN(max_tokens, r->n_prompt - r->n_prefilled);
-	uint64_t t0 = now_ns();
-	int k;
 
-	assert(r->state == REQUEST_PREFILL && n > 0);
-	k = model_eval(m->model, m->run, r->kv, r->tokens + r->n_prefilled, (int64_t)n, r->logits, NULL);
-	r->prefill_ns += now_ns() - t0;
+	assert(r->state == REQUEST_PREFILL && n > 0 && n <= r->n_prompt - r->n_prefilled);
+	r->prefill_ns += eval_ns;
 	if (k != 0)
 		return request_fail(r, k);
 	r->n_prefilled += n;

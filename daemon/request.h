@@ -20,6 +20,11 @@
  *
  * so the model reads the documents and then the question about them. A
  * chat without a user message gets one holding just the attachments.
+ * NAME is escaped as in XML: & " < > as &amp; &quot; &lt; &gt;, control
+ * characters (tab, newline...) as &#N;, so a name can neither close the
+ * tag nor fake the end of the document. Attachment texts and prompts
+ * holding U+0000 are refused (ATTACHMENT_NOT_UTF8, BAD_MESSAGE), never
+ * cut short.
  *
  * Context: a prompt that does not fit the context, or (with
  * CONTEXT_POLICY_ERROR and max_tokens > 0) that leaves less than
@@ -58,9 +63,12 @@ typedef enum RequestState {
 } RequestState;
 
 struct Request {
-	Connection *conn;       /* borrowed: the connection owns the request */
+	Manager *manager;       /* borrowed */
+	Connection *conn;       /* borrowed: the connection owns the request; NULL once orphaned */
 	uint64_t id;
 	RequestState state;
+	bool in_job;            /* the worker is evaluating it: the loop leaves kv, logits, tokens alone */
+	bool orphaned;          /* left its connection during a job; the scheduler frees it after (scheduler.h) */
 
 	int32_t *tokens;        /* (n_tokens,) prompt, then output */
 	size_t n_prompt, n_tokens, cap;
@@ -105,10 +113,11 @@ int request_activate(Request *r, Manager *m);
  * Stepping, driven by the scheduler. Each returns 0 if the request goes
  * on, 1 if it has sent its Done or Error and is finished.
  *
- * request_prefill(): evaluate up to max_tokens more prompt tokens
- * (PREFILL), send Progress; when the prompt is done the request turns
- * DECODE and its first token is sampled and sent in the same call, so
- * time to first token is the prefill and no more.
+ * request_prefill_output(): n more prompt tokens were evaluated (on the
+ * worker, by model_eval() of r->tokens + r->n_prefilled into r->kv and
+ * r->logits) with result k in eval_ns: send Progress; when the prompt is
+ * done the request turns DECODE and its first token is sampled and sent
+ * in the same call, so time to first token is the prefill and no more.
  *
  * Decode is split around one model_eval_batch() for all decoding
  * requests: request_decode_input() gives the token r needs evaluated
@@ -119,7 +128,7 @@ int request_activate(Request *r, Manager *m);
  * request_decode_fail() ends r because the batch failed with k (an
  * engine code or -errno).
  */
-int request_prefill(Request *r, Manager *m, size_t max_tokens);
+int request_prefill_output(Request *r, Manager *m, size_t n, int k, uint64_t eval_ns);
 int request_decode_input(Request *r, int32_t *ret_token);
 int request_decode_output(Request *r, Manager *m, float *logits, uint64_t eval_ns);
 int request_decode_fail(Request *r, int k);

@@ -16,10 +16,33 @@
 #include "daemon/log.h"
 #include "daemon/request.h"
 #include "daemon/scheduler.h"
+#include "daemon/sessions.h"
+#include "daemon/worker.h"
+
+/* The one job in flight: a decode batch (Scheduler.batch..logits) and a prefill chunk. */
+typedef struct SchedulerJob {
+	WorkerJob job;
+	struct Scheduler *s;
+	int n_eval;                   /* requests in the decode batch */
+	int k_batch;                  /* model_eval_batch()'s return */
+	uint64_t decode_ns;
+	Request *prefill;             /* NULL: no prefill in this job */
+	KvCache *prefill_kv;
+	const int32_t *prefill_tokens; /* (n_prefill,) */
+	size_t n_prefill;
+	float *prefill_logits;        /* (n_vocab,) the request's */
+	int k_prefill;                /* model_eval()'s return */
+	uint64_t prefill_ns;
+} SchedulerJob;
 
 struct Scheduler {
 	Manager *manager;
 	sd_event_source *defer;
+	bool woken;       /* scheduler_wake() since the round started */
+	bool job_running; /* job is with the worker */
+	SchedulerJob job;
+	Request *orphans[MANAGER_MAX_ACTIVE_REQUESTS]; /* left their connection during the job: freed after it */
+	unsigned n_orphans;
 
 	Request *active[MANAGER_MAX_ACTIVE_REQUESTS]; /* PREFILL or DECODE, admission order */
 	unsigned n_active;
@@ -98,11 +121,17 @@ static void scheduler_admit(Scheduler *s)
 {
 	Manager *m = s->manager;
 
-	while (s->n_active < MANAGER_MAX_ACTIVE_REQUESTS && s->n_waiting > 0) {
+	/* A request whose session is being saved waits (sessions_ready()); its connection keeps its turn. */
+	for (unsigned skipped = 0; s->n_active < MANAGER_MAX_ACTIVE_REQUESTS && s->n_waiting > skipped;) {
 		Connection *c = waiting_pop(s);
 		Request *r = c->dead ? NULL : connection_oldest_queued(c);
 		if (!r)
 			continue;
+		if (r->session && !sessions_ready(r->session)) {
+			waiting_push(s, c);
+			skipped++;
+			continue;
+		}
 		s->n_queued--;
 		int k = request_activate(r, m);
 		if (k != 0) {
@@ -129,15 +158,15 @@ void scheduler_add(Scheduler *s, Request *r)
 	scheduler_wake(s);
 }
 
-void scheduler_remove(Scheduler *s, Request *r)
+bool scheduler_remove(Scheduler *s, Request *r)
 {
 	if (!s)
-		return;
+		return false;
 	if (r->state == REQUEST_QUEUED) {
 		/* The ring may still name its connection: admission skips it then. */
 		assert(s->n_queued > 0);
 		s->n_queued--;
-		return;
+		return false;
 	}
 	for (unsigned i = 0; i < s->n_active; i++)
 		if (s->active[i] == r) {
@@ -147,29 +176,31 @@ void scheduler_remove(Scheduler *s, Request *r)
 				s->prefill_rr--;
 			/* A slot is free: let the queue in. */
 			scheduler_wake(s);
-			return;
+			break;
 		}
+	if (!r->in_job)
+		return false;
+	/* The worker still evaluates it: keep it (its cache, its buffers) until the job is back. */
+	assert(s->n_orphans < MANAGER_MAX_ACTIVE_REQUESTS);
+	r->orphaned = true;
+	r->conn = NULL;
+	s->orphans[s->n_orphans++] = r;
+	return true;
 }
 
 /*
- * One token for every decoding request whose client keeps up, through
- * one model_eval_batch(). Returns whether there was any.
+ * The decode part of the next job: one token for every decoding request
+ * whose client keeps up. Requests whose cache is full finish here and
+ * drop out. Returns how many go into the batch.
  */
-static bool scheduler_decode_round(Scheduler *s)
+static int scheduler_plan_decode(Scheduler *s)
 {
-	Manager *m = s->manager;
-	size_t n_vocab = (size_t)m->model->cfg.n_vocab;
 	int n = 0;
-
 	for (unsigned i = 0; i < s->n_active; i++) {
 		Request *r = s->active[i];
 		if (r->state == REQUEST_DECODE && connection_writable(r->conn))
 			s->batch[n++] = r;
 	}
-	if (n == 0)
-		return false;
-
-	/* Requests whose cache is full finish here and drop out of the batch. */
 	int n_eval = 0;
 	for (int i = 0; i < n; i++) {
 		Request *r = s->batch[i];
@@ -180,23 +211,7 @@ static bool scheduler_decode_round(Scheduler *s)
 		s->batch[n_eval] = r;
 		s->kvs[n_eval++] = r->kv;
 	}
-	if (n_eval == 0)
-		return true;
-
-	uint64_t t0 = now_ns();
-	int k = model_eval_batch(m->model, m->run, s->kvs, s->tokens, n_eval, s->logits, s->status);
-	uint64_t dt = now_ns() - t0;
-	s->decode_round_ns = dt;
-	for (int i = 0; i < n_eval; i++) {
-		Request *r = s->batch[i];
-		/* a failing cache fails its own request; the round's other requests go on */
-		int e = k ? k : s->status[i];
-		int done = e ? request_decode_fail(r, e)
-			     : request_decode_output(r, m, s->logits + (size_t)i * n_vocab, dt);
-		if (done)
-			connection_request_done(r->conn, r);
-	}
-	return true;
+	return n_eval;
 }
 
 /*
@@ -215,44 +230,121 @@ static size_t scheduler_prefill_budget(const Scheduler *s, bool decoders)
 	return (size_t)MAX((uint64_t)SCHEDULER_PREFILL_MIN, MIN(n, (uint64_t)MANAGER_PREFILL_CHUNK));
 }
 
-/* One prefill chunk of the next prefilling request (round-robin). Returns whether there was any. */
-static bool scheduler_prefill_round(Scheduler *s, bool decoders)
+/* The prefill part of the next job: the next prefilling request (round-robin), or NULL. */
+static Request *scheduler_plan_prefill(Scheduler *s)
 {
-	Request *r = NULL;
-	for (unsigned k = 0; k < s->n_active && !r; k++) {
+	for (unsigned k = 0; k < s->n_active; k++) {
 		size_t i = (s->prefill_rr + k) % s->n_active;
 		if (s->active[i]->state == REQUEST_PREFILL && connection_writable(s->active[i]->conn)) {
-			r = s->active[i];
 			s->prefill_rr = i + 1;
+			return s->active[i];
 		}
 	}
-	if (!r)
-		return false;
-
-	size_t n = MIN(scheduler_prefill_budget(s, decoders), r->n_prompt - r->n_prefilled);
-	uint64_t t0 = now_ns();
-	int done = request_prefill(r, s->manager, n);
-	uint64_t per = (now_ns() - t0) / n;
-	/* A short chunk costs more per token than a long one: lean on the newest. */
-	s->prefill_ns_per_tok = s->prefill_ns_per_tok ? (s->prefill_ns_per_tok + per) / 2 : per;
-	if (done)
-		connection_request_done(r->conn, r);
-	return true;
+	return NULL;
 }
 
-/* One round: admit, a decode token for everyone decoding, one prefill chunk. */
+/* On the worker thread: only the model, the batch's caches and buffers, the job's fields. */
+static void scheduler_job_run(WorkerJob *wj)
+{
+	SchedulerJob *j = (SchedulerJob *)wj;
+	Scheduler *s = j->s;
+	const Manager *m = s->manager;
+
+	if (j->n_eval > 0) {
+		uint64_t t0 = now_ns();
+		j->k_batch = model_eval_batch(m->model, m->run, s->kvs, s->tokens, j->n_eval, s->logits, s->status);
+		j->decode_ns = now_ns() - t0;
+	}
+	if (j->n_prefill > 0) {
+		uint64_t t0 = now_ns();
+		j->k_prefill = model_eval(m->model, m->run, j->prefill_kv, j->prefill_tokens, (int64_t)j->n_prefill,
+					  j->prefill_logits, NULL);
+		j->prefill_ns = now_ns() - t0;
+	}
+}
+
+/* Back on the loop: stream what the job computed, free requests that went away meanwhile. */
+static void scheduler_job_done(WorkerJob *wj)
+{
+	SchedulerJob *j = (SchedulerJob *)wj;
+	Scheduler *s = j->s;
+	Manager *m = s->manager;
+	size_t n_vocab = (size_t)m->model->cfg.n_vocab;
+
+	s->job_running = false;
+	for (int i = 0; i < j->n_eval; i++)
+		s->batch[i]->in_job = false;
+	if (j->prefill)
+		j->prefill->in_job = false;
+
+	if (j->n_eval > 0)
+		s->decode_round_ns = j->decode_ns;
+	for (int i = 0; i < j->n_eval; i++) {
+		Request *r = s->batch[i];
+		if (r->orphaned)
+			continue;
+		/* a failing cache fails its own request; the round's other requests go on */
+		int e = j->k_batch ? j->k_batch : s->status[i];
+		int done = e ? request_decode_fail(r, e)
+			     : request_decode_output(r, m, s->logits + (size_t)i * n_vocab, j->decode_ns);
+		if (done)
+			connection_request_done(r->conn, r);
+	}
+	if (j->prefill && j->n_prefill > 0) {
+		uint64_t per = j->prefill_ns / j->n_prefill;
+		/* A short chunk costs more per token than a long one: lean on the newest. */
+		s->prefill_ns_per_tok = s->prefill_ns_per_tok ? (s->prefill_ns_per_tok + per) / 2 : per;
+		Request *r = j->prefill;
+		if (!r->orphaned && request_prefill_output(r, m, j->n_prefill, j->k_prefill, j->prefill_ns))
+			connection_request_done(r->conn, r);
+	}
+	/* Requests cancelled or disconnected while the job held them. */
+	for (unsigned i = 0; i < s->n_orphans; i++)
+		request_free(s->orphans[i]);
+	s->n_orphans = 0;
+	scheduler_wake(s);
+	manager_gc(m);
+}
+
+/*
+ * Plan one job: admit, a decode token for everyone decoding, one prefill
+ * chunk; hand it to the worker. Returns whether there was any work.
+ */
 static bool scheduler_round(Scheduler *s)
 {
+	SchedulerJob *j = &s->job;
+
 	scheduler_admit(s);
-	bool decoded = scheduler_decode_round(s);
-	bool prefilled = scheduler_prefill_round(s, decoded);
-	return decoded || prefilled;
+	*j = (SchedulerJob){ .job = { .run = scheduler_job_run, .done = scheduler_job_done }, .s = s };
+	j->n_eval = scheduler_plan_decode(s);
+	Request *r = scheduler_plan_prefill(s);
+	if (r) {
+		size_t n = MIN(scheduler_prefill_budget(s, j->n_eval > 0), r->n_prompt - r->n_prefilled);
+		j->prefill = r;
+		j->n_prefill = n;
+		j->prefill_kv = r->kv;
+		j->prefill_tokens = r->tokens + r->n_prefilled;
+		j->prefill_logits = r->logits;
+	}
+	if (j->n_eval == 0 && !j->prefill)
+		return false;
+	for (int i = 0; i < j->n_eval; i++)
+		s->batch[i]->in_job = true;
+	if (r)
+		r->in_job = true;
+	s->job_running = true;
+	worker_submit(s->manager->worker, &j->job);
+	return true;
 }
 
 static int scheduler_on_defer(sd_event_source *source, void *userdata)
 {
 	Scheduler *s = userdata;
-	if (!scheduler_round(s))
+	s->woken = false;
+	if (!s->job_running)
+		(void)scheduler_round(s);
+	/* One job at a time: its done() wakes us again; a wake during the round asks for another. */
+	if (s->job_running || !s->woken)
 		(void)sd_event_source_set_enabled(s->defer, SD_EVENT_OFF);
 	manager_gc(s->manager);
 	return 0;
@@ -290,6 +382,7 @@ Scheduler *scheduler_free(Scheduler *s)
 {
 	if (!s)
 		return NULL;
+	assert(!s->job_running); /* the manager drains the worker first */
 	sd_event_source_disable_unref(s->defer);
 	free(s->logits);
 	free(s);
@@ -298,15 +391,15 @@ Scheduler *scheduler_free(Scheduler *s)
 
 void scheduler_wake(Scheduler *s)
 {
-	if (s && s->defer)
+	if (!s)
+		return;
+	s->woken = true;
+	if (s->defer)
 		(void)sd_event_source_set_enabled(s->defer, SD_EVENT_ON);
 }
 
 void scheduler_forget(Scheduler *s, Connection *c)
 {
-	if (!s)
-		return;
-	for (size_t i = 0; i < c->n_requests; i++)
-		scheduler_remove(s, c->requests[i]);
-	waiting_remove(s, c);
+	if (s)
+		waiting_remove(s, c);
 }

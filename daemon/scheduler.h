@@ -1,9 +1,12 @@
 /*
  * scheduler.h: who gets the model next.
  *
- * Work runs in rounds, one per event-loop iteration, from a defer event
- * source at idle priority, so socket I/O (higher priority) is always
- * handled between two rounds. A round:
+ * Work runs in rounds. A round is planned on the event loop (from a
+ * defer event source at idle priority) and its model work runs on the
+ * worker thread (worker.h) as one job; when the job is back, its results
+ * are streamed and the next round is planned. The loop stays free the
+ * whole time: Hello, Status, Cancel and other clients' I/O are answered
+ * while a prefill chunk or a decode round runs. A round:
  *
  *   1. admits queued requests while fewer than MANAGER_MAX_ACTIVE_REQUESTS
  *      hold a KV cache: connections take turns (round-robin), oldest
@@ -47,10 +50,15 @@ void scheduler_wake(Scheduler *s);
 
 /* A new request (QUEUED) of r->conn waits for a slot. */
 void scheduler_add(Scheduler *s, Request *r);
-/* r is about to be freed (finished, cancelled): forget it, free its slot. */
-void scheduler_remove(Scheduler *s, Request *r);
+/*
+ * r leaves its connection (finished, cancelled, disconnected): forget it,
+ * free its slot. Returns false: the caller frees r now; true: the job in
+ * flight still uses r, so the scheduler keeps it (r->conn is set to NULL,
+ * nothing more is sent for it) and frees it when the job is back.
+ */
+bool scheduler_remove(Scheduler *s, Request *r);
 
-/* c is going away with its requests: forget them and c. */
+/* c is going away (its requests were removed one by one): forget c. */
 void scheduler_forget(Scheduler *s, Connection *c);
 
 /* Counts for StatusReply. */

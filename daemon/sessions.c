@@ -9,13 +9,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "daemon/connection.h"
 #include "daemon/log.h"
+#include "daemon/scheduler.h"
 #include "daemon/sessions.h"
+#include "daemon/worker.h"
 #include "engine/gguf/gguf.h"
 #include "engine/kv/kvstore.h"
 
@@ -29,6 +32,7 @@ struct Session {
 	bool busy;              /* a request holds it */
 	bool dirty;             /* memory is newer than the file */
 	bool kv_taken;          /* the request holds its cache */
+	bool saving;            /* a save of its state is in flight (SaveJob) */
 	uint32_t n_tokens;      /* known while spilled too */
 	uint64_t bytes_on_disk;
 	int64_t last_used_unix_ms;
@@ -38,12 +42,15 @@ struct Session {
 
 struct Sessions {
 	Manager *m;
+	int lock_fd;            /* <state-dir>/turbokvd.lock, flock()ed while we run */
 	int root_fd;            /* <state-dir>/sessions */
 	Session **all;          /* (n,) every known session, all uids */
 	size_t n, cap;
 	uid_t *scanned;         /* uids whose directory was read */
 	size_t n_scanned;
 	size_t mem_bytes;
+	size_t spilling_bytes;  /* of sessions whose spill (save, then drop) is in flight */
+	unsigned save_failures; /* saves that failed, ever */
 	uint64_t budget;
 	unsigned max_per_uid;
 	uint64_t max_bytes_per_uid;
@@ -91,19 +98,35 @@ static void file_name(const Session *s, char *buf, size_t size)
 	snprintf(buf, size, "%s" SESSION_FILE_SUFFIX, s->name);
 }
 
-/* Move a file that failed its checks aside, untouched. */
-static void quarantine(Sessions *ss, Session *s, int dir_fd)
+/*
+ * Move a file that failed its checks aside, untouched, into the uid's
+ * quarantine/ (created 0700). Everything is relative to the uid's
+ * directory fd and quarantine/ is opened O_NOFOLLOW | O_DIRECTORY: a
+ * symlink (or a file) planted there does not send the file elsewhere.
+ */
+static bool quarantine(Sessions *ss, Session *s, int dir_fd)
 {
+	bool moved = false;
 	char from[128], to[160];
 	file_name(s, from, sizeof(from));
-	snprintf(to, sizeof(to), "quarantine/%s.%lld", from, (long long)unix_ms());
+	snprintf(to, sizeof(to), "%s.%lld", from, (long long)unix_ms());
 	if (mkdirat(dir_fd, "quarantine", 0700) < 0 && errno != EEXIST)
 		log_error("uid %u: cannot create the quarantine folder: %m", (unsigned)s->uid);
-	if (renameat(dir_fd, from, dir_fd, to) < 0)
+	int qfd = openat(dir_fd, "quarantine", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (qfd < 0) {
+		log_error("uid %u: %s/sessions/%u/quarantine is not a folder we can use (%m); session file %s left "
+			  "in place", (unsigned)s->uid, ss->m->config->state_dir, (unsigned)s->uid, from);
+		return false;
+	}
+	if (renameat(dir_fd, from, qfd, to) < 0)
 		log_error("uid %u: cannot quarantine session file %s: %m", (unsigned)s->uid, from);
-	else
-		log_warning("uid %u: session '%s' moved to %s/sessions/%u/%s", (unsigned)s->uid, s->name,
+	else {
+		log_warning("uid %u: session '%s' moved to %s/sessions/%u/quarantine/%s", (unsigned)s->uid, s->name,
 			    ss->m->config->state_dir, (unsigned)s->uid, to);
+		moved = true;
+	}
+	safe_close(qfd);
+	return moved;
 }
 
 /* ---- the table ---- */
@@ -230,9 +253,11 @@ static void sessions_scan_uid(Sessions *ss, uid_t uid)
 		s->last_used_ns = 0; /* older than anything used since startup */
 		uint8_t h[SESSION_HEADER_BYTES];
 		SessionHeader hd;
-		int hfd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		/* O_NONBLOCK and a type check on the fd: what was a file a moment ago may be a FIFO now */
+		int hfd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
 		if (hfd >= 0) {
-			if (read(hfd, h, sizeof(h)) == (ssize_t)sizeof(h) && session_peek(h, sizeof(h), &hd, NULL) == 0)
+			if (fstat(hfd, &st) == 0 && S_ISREG(st.st_mode) && read(hfd, h, sizeof(h)) == (ssize_t)sizeof(h) &&
+			    session_peek(h, sizeof(h), &hd, NULL) == 0)
 				s->n_tokens = hd.n_tokens;
 			safe_close(hfd);
 		}
@@ -242,75 +267,181 @@ static void sessions_scan_uid(Sessions *ss, uid_t uid)
 
 /* ---- saving and spilling ---- */
 
-static int session_save(Sessions *ss, Session *s)
-{
-	Manager *m = ss->m;
+/*
+ * A save runs on the I/O worker (worker.h) when the daemon has one: the
+ * loop never writes or fsyncs a session file. Meanwhile the session is
+ * `saving`: its state is only read (by the save and by requests building
+ * their prompts), never changed; a request waits for the save before it
+ * takes the cache (sessions_ready()), delete and SessionSave answer BUSY.
+ */
+typedef struct SaveJob {
+	WorkerJob job;
+	Sessions *ss;
+	Session *s;
+	bool spill;             /* drop the state from memory once saved, if still idle */
+	uint64_t reply_conn;    /* a SessionSave to answer: the connection's id, 0 for none */
+	uint64_t reply_id;
+	int dir_fd;             /* for the worker: the uid's directory, the file, the state */
 	char file[128];
-	Error err = { 0 };
-	uint64_t bytes = 0, t0 = now_ns();
+	const SessionState *state;
+	int r;                  /* the worker's results */
+	uint64_t bytes, ns;
+	Error err;
+} SaveJob;
 
-	if (!s->dirty || !s->state || !s->state->kv)
-		return 0;
-	int fd = uid_dir_open(ss, s->uid, true);
-	if (fd < 0)
-		return log_error_errno(fd, "uid %u: cannot open the session directory: %m", (unsigned)s->uid);
-	file_name(s, file, sizeof(file));
-	int r = session_save_at(fd, file, s->state, ss->expect.fingerprint, m->kv_spec, &ss->hooks,
-				&bytes, &err);
-	safe_close(fd);
-	if (r != 0) {
-		log_error("uid %u: cannot save session '%s': %s", (unsigned)s->uid, s->name, err.msg);
-		return r;
-	}
-	s->dirty = false;
-	s->on_disk = true;
-	s->bytes_on_disk = bytes;
-	log_info("uid %u: saved session '%s' (%u tokens, %llu bytes) in %.1f ms", (unsigned)s->uid, s->name,
-		  s->n_tokens, (unsigned long long)bytes, (now_ns() - t0) / 1e6);
-	return 0;
+static void save_job_run(WorkerJob *wj)
+{
+	SaveJob *j = (SaveJob *)wj;
+	uint64_t t0 = now_ns();
+	j->r = session_save_at(j->dir_fd, j->file, j->state, j->ss->expect.fingerprint, j->ss->m->kv_spec,
+			       &j->ss->hooks, &j->bytes, &j->err);
+	j->ns = now_ns() - t0;
 }
 
-/* Spill least-recently-used idle sessions until the budget holds. */
+static void sessions_enforce_budget(Sessions *ss);
+
+static Connection *connection_by_id(Manager *m, uint64_t id)
+{
+	for (Connection *c = m->connections; c; c = c->next)
+		if (c->id == id && !c->dead)
+			return c;
+	return NULL;
+}
+
+/* Back on the loop (or inline without a worker): record the result, spill, answer. */
+static void save_job_done(WorkerJob *wj)
+{
+	SaveJob *j = (SaveJob *)wj;
+	Sessions *ss = j->ss;
+	Session *s = j->s;
+
+	safe_close(j->dir_fd);
+	s->saving = false;
+	if (j->spill)
+		ss->spilling_bytes -= s->mem_bytes;
+	if (j->r != 0) {
+		log_error("uid %u: cannot save session '%s': %s", (unsigned)s->uid, s->name, j->err.msg);
+		ss->save_failures++;
+	} else {
+		s->dirty = false;
+		s->on_disk = true;
+		s->bytes_on_disk = j->bytes;
+		log_info("uid %u: saved session '%s' (%u tokens, %llu bytes) in %.1f ms", (unsigned)s->uid, s->name,
+			 s->n_tokens, (unsigned long long)j->bytes, j->ns / 1e6);
+		if (j->spill && !s->busy) {
+			log_debug("uid %u: session '%s' spilled to disk", (unsigned)s->uid, s->name);
+			session_set_state(ss, s, NULL);
+		}
+	}
+	Connection *c = j->reply_conn ? connection_by_id(ss->m, j->reply_conn) : NULL;
+	if (c && j->r != 0)
+		connection_send_error(c, j->reply_id, PROTOCOL_E_INTERNAL,
+				      "cannot save session '%s' (the previous file is intact): %s", s->name, j->err.msg);
+	else if (c)
+		sessions_show(ss, s->uid, s->name, c, j->reply_id);
+	bool ok = j->r == 0;
+	free(j);
+	scheduler_wake(ss->m->scheduler); /* a request may wait for this session */
+	if (ok)
+		sessions_enforce_budget(ss);
+}
+
+/*
+ * Save s if it is dirty: on the I/O worker when async and there is one,
+ * else now. Returns 0 (nothing to save; a spill happens at once), 1 (the
+ * save ran or runs: its end logs, spills, answers reply_conn's SessionSave
+ * and counts a failure in Sessions.save_failures) or -errno when it could
+ * not even start (logged; nothing answered).
+ */
+static int session_save(Sessions *ss, Session *s, bool async, bool spill, uint64_t reply_conn, uint64_t reply_id)
+{
+	Manager *m = ss->m;
+
+	assert(!s->saving);
+	if (!s->dirty || !s->state || !s->state->kv) {
+		if (spill && s->state && !s->dirty)
+			session_set_state(ss, s, NULL);
+		return 0;
+	}
+	SaveJob *j = calloc(1, sizeof(*j));
+	if (!j)
+		return log_error_errno(-ENOMEM, "uid %u: cannot save session '%s': out of memory", (unsigned)s->uid,
+				       s->name);
+	int fd = uid_dir_open(ss, s->uid, true);
+	if (fd < 0) {
+		free(j);
+		return log_error_errno(fd, "uid %u: cannot open the session directory: %m", (unsigned)s->uid);
+	}
+	*j = (SaveJob){ .job = { .run = save_job_run, .done = save_job_done }, .ss = ss, .s = s, .spill = spill,
+			.reply_conn = reply_conn, .reply_id = reply_id, .dir_fd = fd, .state = s->state };
+	file_name(s, j->file, sizeof(j->file));
+	s->saving = true;
+	if (spill)
+		ss->spilling_bytes += s->mem_bytes;
+	if (async && m->io_worker) {
+		worker_submit(m->io_worker, &j->job);
+		return 1;
+	}
+	save_job_run(&j->job);
+	save_job_done(&j->job);
+	return 1;
+}
+
+/* Spill least-recently-used idle sessions until the budget holds (saves in flight count as gone). */
 static void sessions_enforce_budget(Sessions *ss)
 {
-	while (ss->mem_bytes > ss->budget) {
+	while (ss->mem_bytes - ss->spilling_bytes > ss->budget) {
 		Session *lru = NULL;
 		for (size_t i = 0; i < ss->n; i++) {
 			Session *s = ss->all[i];
-			if (s->state && !s->busy && (!lru || s->last_used_ns < lru->last_used_ns))
+			if (s->state && !s->busy && !s->saving && (!lru || s->last_used_ns < lru->last_used_ns))
 				lru = s;
 		}
 		if (!lru)
 			return;
-		if (session_save(ss, lru) != 0)
+		if (session_save(ss, lru, true, true, 0, 0) < 0)
 			return; /* keep it rather than lose it; the budget is exceeded for now */
-		log_debug("uid %u: session '%s' spilled to disk", (unsigned)lru->uid, lru->name);
-		session_set_state(ss, lru, NULL);
 	}
+}
+
+static void sessions_save_dirty(Sessions *ss, bool async)
+{
+	unsigned n = 0;
+	if (!ss)
+		return;
+	unsigned failed = ss->save_failures;
+	for (size_t i = 0; i < ss->n; i++) {
+		Session *s = ss->all[i];
+		if (!s->dirty || s->busy || s->saving)
+			continue;
+		n++;
+		if (session_save(ss, s, async, false, 0, 0) < 0)
+			ss->save_failures++;
+	}
+	failed = ss->save_failures - failed;
+	if (!async && failed)
+		log_warning("%u of %u sessions could not be saved", failed, n);
 }
 
 void sessions_save_all(Sessions *ss)
 {
-	unsigned n = 0, failed = 0;
-	if (!ss)
-		return;
-	for (size_t i = 0; i < ss->n; i++) {
-		Session *s = ss->all[i];
-		if (!s->dirty || s->busy)
-			continue;
-		if (session_save(ss, s) == 0)
-			n++;
-		else
-			failed++;
-	}
-	if (failed)
-		log_warning("%u of %u sessions could not be saved", failed, n + failed);
+	sessions_save_dirty(ss, false);
+}
+
+void sessions_save_all_async(Sessions *ss)
+{
+	sessions_save_dirty(ss, true);
+}
+
+bool sessions_ready(const Session *s)
+{
+	return !s->saving;
 }
 
 static int sessions_on_idle(sd_event_source *src, uint64_t usec, void *userdata)
 {
 	Sessions *ss = userdata;
-	sessions_save_all(ss);
+	sessions_save_all_async(ss);
 	return 0;
 }
 
@@ -343,6 +474,42 @@ static int mkdir_parents(const char *path)
 	return 0;
 }
 
+/*
+ * One daemon per state directory: an exclusive flock() on
+ * <state-dir>/turbokvd.lock (holding the pid of its owner), kept until
+ * exit. The kernel drops it when the process dies, however it dies.
+ * Returns 0, or -EBUSY (logged, naming the holder) or -errno.
+ */
+static int state_dir_lock(Sessions *ss, int dfd, const char *dir)
+{
+	int fd = openat(dfd, SESSIONS_LOCK_FILE, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0600);
+	struct stat st;
+	if (fd < 0)
+		return log_error_errno(-errno, "cannot open %s/" SESSIONS_LOCK_FILE ": %m", dir);
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		safe_close(fd);
+		return log_error_errno(-EINVAL, "%s/" SESSIONS_LOCK_FILE " is not a regular file", dir);
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int e = errno;
+		char pid[32] = "";
+		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 0] = 0;
+		pid[strcspn(pid, "\n")] = 0;
+		safe_close(fd);
+		if (e == EWOULDBLOCK)
+			return log_error_errno(-EBUSY, "the state directory %s is in use by another turbokvd (pid %s); "
+					       "give each daemon its own --state-dir", dir, pid[0] ? pid : "unknown");
+		return log_error_errno(-e, "cannot lock %s/" SESSIONS_LOCK_FILE ": %m", dir);
+	}
+	char pid[32];
+	int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)len, 0) != len)
+		log_warning("cannot write our pid into %s/" SESSIONS_LOCK_FILE ": %m", dir);
+	ss->lock_fd = fd;
+	return 0;
+}
+
 int sessions_new(Manager *m, Sessions **ret)
 {
 	const Config *cfg = m->config;
@@ -352,6 +519,7 @@ int sessions_new(Manager *m, Sessions **ret)
 	if (!ss)
 		return -ENOMEM;
 	ss->m = m;
+	ss->lock_fd = -1;
 	ss->root_fd = -1;
 	ss->budget = cfg->session_memory;
 	ss->max_per_uid = cfg->session_max ? cfg->session_max : SESSIONS_MAX_PER_UID;
@@ -372,6 +540,10 @@ int sessions_new(Manager *m, Sessions **ret)
 	int dfd = open(cfg->state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0)
 		return log_error_errno(-errno, "cannot open the state directory %s: %m", cfg->state_dir);
+	if ((r = state_dir_lock(ss, dfd, cfg->state_dir)) < 0) {
+		safe_close(dfd);
+		return r;
+	}
 	if (mkdirat(dfd, "sessions", 0700) < 0 && errno != EEXIST) {
 		r = -errno;
 		safe_close(dfd);
@@ -408,55 +580,80 @@ Sessions *sessions_free(Sessions *ss)
 	free(ss->scanned);
 	sd_event_source_disable_unref(ss->idle_timer);
 	safe_close(ss->root_fd);
+	safe_close(ss->lock_fd); /* last: the files are written */
 	free(ss);
 	return NULL;
 }
 
 /* ---- use ---- */
 
-/* Load a spilled session; a file that fails its checks is quarantined. */
-static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
-{
+/*
+ * Loading a spilled session: the file is read and checked on the I/O
+ * worker (LoadJob), the result applied on the loop. The session is busy
+ * meanwhile, so nothing else touches it; the connection that asked waits
+ * with its Generate parked (connection_session_loaded()).
+ */
+typedef struct LoadJob {
+	WorkerJob job;
+	Sessions *ss;
+	Session *s;
+	uint64_t conn_id;       /* whose Generate waits for it, 0 for none */
+	int dir_fd;
 	char file[128];
-	Error e = { 0 };
-	SessionState *st = NULL;
-	uint64_t t0 = now_ns();
+	int r;                  /* results: session_load_at()'s (or the conversation's) */
+	bool other_kv_type;     /* only the conversation was read: its KV is computed again */
+	SessionState *st;
+	Error e;
+	uint64_t t0;
+} LoadJob;
 
-	int fd = uid_dir_open(ss, s->uid, true);
-	if (fd < 0)
-		return error_set(err, PROTOCOL_E_INTERNAL, "session '%s': cannot open the session directory: %s",
-				 s->name, strerror(-fd));
-	file_name(s, file, sizeof(file));
-	int r = session_load_at(fd, file, &ss->expect, &st, &e);
-	if (r == SESSION_E_KV_TYPE) {
+static void load_job_run(WorkerJob *wj)
+{
+	LoadJob *j = (LoadJob *)wj;
+	j->r = session_load_at(j->dir_fd, j->file, &j->ss->expect, &j->st, &j->e);
+	if (j->r == SESSION_E_KV_TYPE) {
 		/*
 		 * Saved with another KV type (--kv changed, or a new default):
 		 * keep the conversation and compute its prompt again on next use;
 		 * the file is rewritten with this daemon's type after that.
 		 */
 		Error e2 = { 0 };
-		r = session_load_conversation_at(fd, file, &ss->expect, &st, &e2);
-		if (r == 0) {
-			safe_close(fd);
-			log_warning("uid %u: session '%s' was saved with another KV type (%s); its conversation "
-				    "is kept and its %zu tokens are computed again on next use",
-				    (unsigned)s->uid, s->name, e.msg, st->n_tokens);
-			session_set_state(ss, s, st);
-			return 0;
-		}
-		e = e2; /* damaged besides: say what */
+		j->r = session_load_conversation_at(j->dir_fd, j->file, &j->ss->expect, &j->st, &e2);
+		if (j->r == 0)
+			j->other_kv_type = true;
+		else
+			j->e = e2; /* damaged besides: say what */
+	}
+}
+
+/* The loop's half: quarantine, forget or keep what was read. Returns 0 or what to tell the client. */
+static int session_load_apply(Sessions *ss, LoadJob *j, Error *err)
+{
+	Session *s = j->s;
+	size_t index = 0;
+	int r = j->r;
+	SessionState *st = TAKE_PTR(j->st);
+
+	if (!sessions_find(ss, s->uid, s->name, &index)) {
+		session_state_free(st);
+		return error_set(err, PROTOCOL_E_INTERNAL, "session '%s' went away", s->name);
+	}
+	if (r == 0 && j->other_kv_type) {
+		log_warning("uid %u: session '%s' was saved with another KV type (%s); its conversation "
+			    "is kept and its %zu tokens are computed again on next use",
+			    (unsigned)s->uid, s->name, j->e.msg, st->n_tokens);
+		session_set_state(ss, s, st);
+		return 0;
 	}
 	if (r > 0) {
 		log_warning("uid %u: session '%s' cannot be loaded: %s (%s)", (unsigned)s->uid, s->name,
-			    session_error_name(r), e.msg);
-		quarantine(ss, s, fd);
-		safe_close(fd);
-		error_set(err, PROTOCOL_E_SESSION_CORRUPT, "session '%s': %s: %s; the file was moved to quarantine",
-			  s->name, session_error_name(r), e.msg);
+			    session_error_name(r), j->e.msg);
+		bool moved = quarantine(ss, s, j->dir_fd);
+		error_set(err, PROTOCOL_E_SESSION_CORRUPT, "session '%s': %s: %s; %s", s->name, session_error_name(r),
+			  j->e.msg, moved ? "the file was moved to quarantine" : "quarantine/ is unusable, the file stays");
 		sessions_remove(ss, index);
 		return PROTOCOL_E_SESSION_CORRUPT;
 	}
-	safe_close(fd);
 	if (r == -ENOENT) {
 		/* deleted behind our back: the session is gone */
 		sessions_remove(ss, index);
@@ -464,9 +661,10 @@ static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
 	}
 	if (r < 0)
 		return error_set(err, r == -ENOMEM ? -ENOMEM : PROTOCOL_E_INTERNAL, "session '%s': %s", s->name,
-				 e.msg);
+				 j->e.msg);
 	/* Files hold host caches; a GPU daemon moves the cache to the device (the file stays as it is). */
 	KvCache *kv;
+	Error e = { 0 };
 	if ((r = model_kvcache_adopt(ss->m->model, st->kv, &kv, &e)) != 0) {
 		session_state_free(st);
 		return error_set(err, r == -ENOMEM ? -ENOMEM : PROTOCOL_E_INTERNAL, "session '%s': %s", s->name,
@@ -475,8 +673,72 @@ static int session_load(Sessions *ss, Session *s, size_t index, Error *err)
 	st->kv = kv;
 	session_set_state(ss, s, st);
 	log_info("uid %u: restored session '%s' (%u tokens) in %.1f ms", (unsigned)s->uid, s->name, s->n_tokens,
-		  (now_ns() - t0) / 1e6);
+		 (now_ns() - j->t0) / 1e6);
 	return 0;
+}
+
+static void load_job_done(WorkerJob *wj)
+{
+	LoadJob *j = (LoadJob *)wj;
+	Sessions *ss = j->ss;
+	Error err = { 0 };
+
+	j->s->busy = false; /* held for the load; the parked Generate acquires it again */
+	int r = session_load_apply(ss, j, &err);
+	safe_close(j->dir_fd);
+	uint64_t conn_id = j->conn_id;
+	free(j);
+	if (conn_id)
+		connection_session_loaded(ss->m, conn_id, r, err.msg);
+}
+
+/* A LoadJob for s (on disk only), or NULL with err set. */
+static LoadJob *load_job_new(Sessions *ss, Session *s, uint64_t conn_id, Error *err)
+{
+	LoadJob *j = calloc(1, sizeof(*j));
+	if (!j) {
+		error_set(err, -ENOMEM, "out of memory");
+		return NULL;
+	}
+	*j = (LoadJob){ .job = { .run = load_job_run, .done = load_job_done }, .ss = ss, .s = s, .conn_id = conn_id,
+			.t0 = now_ns() };
+	j->dir_fd = uid_dir_open(ss, s->uid, true);
+	if (j->dir_fd < 0) {
+		error_set(err, PROTOCOL_E_INTERNAL, "session '%s': cannot open the session directory: %s", s->name,
+			  strerror(-j->dir_fd));
+		free(j);
+		return NULL;
+	}
+	file_name(s, j->file, sizeof(j->file));
+	return j;
+}
+
+/* Load a spilled session now, on this thread (no I/O worker). */
+static int session_load(Sessions *ss, Session *s, Error *err)
+{
+	LoadJob *j = load_job_new(ss, s, 0, err);
+	if (!j)
+		return err->code;
+	load_job_run(&j->job);
+	int r = session_load_apply(ss, j, err);
+	session_state_free(j->st);
+	safe_close(j->dir_fd);
+	free(j);
+	return r;
+}
+
+int sessions_prepare(Sessions *ss, uid_t uid, const char *name, uint64_t conn_id, Error *err)
+{
+	sessions_scan_uid(ss, uid);
+	Session *s = sessions_find(ss, uid, name, NULL);
+	if (!s || s->busy || s->state || !s->on_disk || !ss->m->io_worker)
+		return 0; /* sessions_acquire() decides (and loads inline without a worker) */
+	LoadJob *j = load_job_new(ss, s, conn_id, err);
+	if (!j)
+		return err->code;
+	s->busy = true;
+	worker_submit(ss->m->io_worker, &j->job);
+	return SESSIONS_LOADING;
 }
 
 int sessions_acquire(Sessions *ss, uid_t uid, const char *name, Session **ret, Error *err)
@@ -500,7 +762,7 @@ int sessions_acquire(Sessions *ss, uid_t uid, const char *name, Session **ret, E
 					 n, ss->max_per_uid);
 		if (!(s = sessions_add(ss, uid, name)))
 			return error_set(err, -ENOMEM, "out of memory");
-	} else if (!s->state && s->on_disk && (r = session_load(ss, s, index, err)) != 0)
+	} else if (!s->state && s->on_disk && (r = session_load(ss, s, err)) != 0)
 		return r;
 	s->busy = true;
 	s->kv_taken = false;
@@ -681,18 +943,18 @@ void sessions_save_request(Sessions *ss, uid_t uid, const char *name, Connection
 		connection_send_error(c, request_id, PROTOCOL_E_SESSION_NOT_FOUND, "no session named '%s'", name);
 		return;
 	}
-	if (s->busy) {
-		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is in use", name);
+	if (s->busy || s->saving) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is %s", name,
+				      s->busy ? "in use" : "being saved");
 		return;
 	}
-	int r = session_save(ss, s); /* nothing to do when it is not dirty: the file is current */
-	if (r != 0) {
+	/* the save's end answers; with nothing to save the file is current */
+	int r = session_save(ss, s, true, false, c->id, request_id);
+	if (r < 0)
 		connection_send_error(c, request_id, PROTOCOL_E_INTERNAL,
-				      "cannot save session '%s' (the previous file is intact): %s", name,
-				      r < 0 ? strerror(-r) : "write failed");
-		return;
-	}
-	sessions_show(ss, uid, name, c, request_id);
+				      "cannot save session '%s' (the previous file is intact): %s", name, strerror(-r));
+	else if (r == 0)
+		sessions_show(ss, uid, name, c, request_id);
 }
 
 void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id)
@@ -706,8 +968,9 @@ void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, u
 		connection_send_error(c, request_id, PROTOCOL_E_SESSION_NOT_FOUND, "no session named '%s'", name);
 		return;
 	}
-	if (s->busy) {
-		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is in use", name);
+	if (s->busy || s->saving) {
+		connection_send_error(c, request_id, PROTOCOL_E_SESSION_BUSY, "session '%s' is %s", name,
+				      s->busy ? "in use" : "being saved");
 		return;
 	}
 	if (s->on_disk) {

@@ -12,6 +12,9 @@
  *
  * == On disk ==
  *
+ *   <state-dir>/turbokvd.lock        0600, flock()ed by the daemon using the
+ *                                    directory (its pid inside): a second
+ *                                    daemon on it refuses to start
  *   <state-dir>/sessions/            0700
  *   <state-dir>/sessions/<uid>/      0700, one per user
  *       <name>.tkvs                  0600, engine/session/session.h's format
@@ -19,6 +22,13 @@
  *       quarantine/<name>.tkvs.<unix-ms>
  *                                    files that failed to load, moved aside
  *                                    untouched for inspection
+ *
+ * Everything under the state directory is opened relative to a directory
+ * fd with O_NOFOLLOW (files also O_NONBLOCK, their type checked with
+ * fstat() before reading): a symlink, FIFO or device planted there by
+ * whoever can write the directory is refused, never followed or waited
+ * on. Session files are checked header first (engine/session/session.h)
+ * before their body is read.
  *
  * Every lookup is keyed by the caller's uid (SO_PEERCRED) and name, and
  * the directory of one uid is only ever opened for that uid: a user can
@@ -34,7 +44,9 @@
  * (sessions_release): the session is then dirty. Dirty sessions are saved
  * when the daemon has been idle for SESSIONS_IDLE_SAVE_MS, when they are
  * spilled (least recently used first, while the sessions in memory exceed
- * the budget) and at shutdown. A failed save is logged; the session stays
+ * the budget) and at shutdown. Saves run on the daemon's I/O worker
+ * (worker.h; at shutdown on the main thread): write, fsync, rename, fsync
+ * of the directory never stall the event loop. A failed save is logged; the session stays
  * in memory and dirty, and the previous file stays intact.
  *
  * == Quotas (per uid) ==
@@ -67,6 +79,7 @@
 #define SESSIONS_MAX_BYTES_PER_UID (8ull << 30)
 #define SESSIONS_IDLE_SAVE_MS 5000u
 #define SESSIONS_MAX_TOTAL 4096u /* all users */
+#define SESSIONS_LOCK_FILE "turbokvd.lock"
 
 typedef struct Sessions Sessions;
 typedef struct Session Session;
@@ -76,6 +89,17 @@ int sessions_new(Manager *m, Sessions **ret);
 /* Save what is dirty, then free everything. */
 Sessions *sessions_free(Sessions *ss);
 DEFINE_FREEP(Sessions, sessions_free)
+
+/*
+ * Before sessions_acquire() of a Generate on connection conn_id: a session
+ * that is only on disk is loaded on the I/O worker first. Returns 0 (go
+ * on: acquire now), SESSIONS_LOADING (the load runs; the session is busy
+ * meanwhile, and connection_session_loaded(conn_id, code, message) is
+ * called when it is done, code 0 or what to tell the client) or an error
+ * code as sessions_acquire() has, with err set.
+ */
+#define SESSIONS_LOADING 1000
+int sessions_prepare(Sessions *ss, uid_t uid, const char *name, uint64_t conn_id, Error *err);
 
 /*
  * Find or create the session (uid, name) and mark it busy. Returns 0,
@@ -100,8 +124,16 @@ KvCache *session_take_kv(Session *s);
 void sessions_release(Sessions *ss, Session *s, KvCache *kv, const int32_t *tokens, size_t n_tokens,
 		      SessionKind kind, SessionMessage *turns, size_t n_turns);
 
-/* Save every dirty session that is not busy (shutdown). */
+/* Save every dirty session that is not busy, now, on this thread (shutdown). */
 void sessions_save_all(Sessions *ss);
+/* The same on the I/O worker (idle timer, SIGUSR2): the loop goes on meanwhile. */
+void sessions_save_all_async(Sessions *ss);
+
+/*
+ * Whether a request holding s may take its cache now: false while a save
+ * of s runs on the I/O worker (the scheduler admits it afterwards).
+ */
+bool sessions_ready(const Session *s);
 
 /* SessionListReply / SessionInfo / SessionDeleted answers for uid. */
 void sessions_list(Sessions *ss, uid_t uid, Connection *c, uint64_t request_id);

@@ -81,6 +81,10 @@ static int memfd_verify(int fd, size_t max_bytes, size_t *ret_size, Error *err)
 		return error_set(err, -errno, "cannot stat attachment: %s", strerror(errno));
 	if (!S_ISREG(st.st_mode))
 		return error_set(err, MEMFD_E_NOT_MEMFD, "attachment is not a memfd (not a regular file)");
+	/* An O_PATH descriptor stats like its file but can be neither read nor sealed. */
+	int flags = fcntl(fd, F_GETFL);
+	if (flags >= 0 && (flags & O_PATH))
+		return error_set(err, MEMFD_E_NOT_MEMFD, "attachment is not a memfd (an O_PATH descriptor)");
 	seals = fcntl(fd, F_GET_SEALS);
 	if (seals < 0) {
 		if (errno == EINVAL)
@@ -130,6 +134,13 @@ int memfd_map_text(int fd, size_t max_bytes, MemfdMapping *ret, Error *err)
 	if (!utf8_validate(p, size, &bad)) {
 		munmap(p, size);
 		return error_set(err, MEMFD_E_NOT_UTF8, "attachment is not valid UTF-8 at byte %zu", bad);
+	}
+	/* Text is handed on as C strings: a NUL would cut it short silently. */
+	const uint8_t *nul = memchr(p, 0, size);
+	if (nul) {
+		size_t at = (size_t)(nul - (const uint8_t *)p);
+		munmap(p, size);
+		return error_set(err, MEMFD_E_NOT_UTF8, "attachment holds U+0000 (NUL) at byte %zu", at);
 	}
 	*ret = (MemfdMapping){ .data = p, .size = size, .map_len = size };
 	return 0;

@@ -9,14 +9,17 @@
  * Daemon side: memfd_map_text() accepts an fd from a peer only if
  *   - it is a memfd: a regular file whose seals can be read (F_GET_SEALS),
  *     and, where /proc is mounted, whose /proc/self/fd link names "/memfd:";
- *     else MEMFD_E_NOT_MEMFD (pipes, sockets, files, O_TMPFILE, /dev/shm);
+ *     else MEMFD_E_NOT_MEMFD (pipes, sockets, files, O_TMPFILE, /dev/shm,
+ *     an O_PATH descriptor of anything);
  *   - it carries F_SEAL_WRITE, F_SEAL_GROW and F_SEAL_SHRINK (F_SEAL_SEAL is
  *     not needed: seals cannot be removed); else MEMFD_E_NOT_SEALED. With
  *     these seals the sender can change neither the bytes under our mapping
  *     nor the size (no SIGBUS from a shrink);
  *   - its size, read after the seals were checked, is at most the cap; else
  *     MEMFD_E_TOO_LARGE;
- *   - its contents are strict UTF-8 (utf8.h); else MEMFD_E_NOT_UTF8.
+ *   - its contents are strict UTF-8 (utf8.h) without U+0000 (the text
+ *     goes on as a C string, which a NUL would cut short); else
+ *     MEMFD_E_NOT_UTF8.
  * The contents are mapped read-only (PROT_READ, MAP_PRIVATE) and stay
  * mapped after the fd is closed, until memfd_mapping_release().
  */

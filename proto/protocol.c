@@ -427,6 +427,89 @@ int protocol_validate_client_message(const Turbokv__V1__ClientMessage *m, size_t
 	return error_set(err, PROTOCOL_E_BAD_MESSAGE, "message %d set but empty", (int)m->msg_case);
 }
 
+/* ---- string fields as they were on the wire ---- */
+
+#define WIRE_MAX_DEPTH 8 /* the schema nests 4 deep; more is not ours */
+
+/* One varint at *p (bounded by end); 0, or -1 if it runs past end or 10 bytes. */
+static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
+{
+	uint64_t v = 0;
+	for (int shift = 0; shift < 70 && *p < end; shift += 7) {
+		uint8_t b = *(*p)++;
+		v |= (uint64_t)(b & 0x7f) << shift;
+		if (!(b & 0x80)) {
+			*ret = v;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/*
+ * Walk the encoding of a message of descriptor d in data[0..len): every
+ * string field (and string fields of sub-messages) must be free of NUL.
+ * path holds the field path so far ("generate"), extended in place.
+ */
+static int wire_strings_check(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, char *path,
+			      size_t path_size, int depth, Error *err)
+{
+	const uint8_t *p = data, *end = data + len;
+	size_t base = strlen(path);
+
+	if (depth > WIRE_MAX_DEPTH)
+		return error_set(err, PROTOCOL_E_BAD_FRAME, "messages nested too deep");
+	while (p < end) {
+		uint64_t key, n;
+		if (wire_varint(&p, end, &key) < 0)
+			return error_set(err, PROTOCOL_E_BAD_FRAME, "a truncated field key");
+		switch (key & 7) {
+		case 0:
+			if (wire_varint(&p, end, &n) < 0)
+				return error_set(err, PROTOCOL_E_BAD_FRAME, "a truncated varint");
+			continue;
+		case 1:
+			n = 8;
+			break;
+		case 5:
+			n = 4;
+			break;
+		case 2:
+			if (wire_varint(&p, end, &n) < 0)
+				return error_set(err, PROTOCOL_E_BAD_FRAME, "a truncated length");
+			break;
+		default:
+			return error_set(err, PROTOCOL_E_BAD_FRAME, "wire type %u", (unsigned)(key & 7));
+		}
+		if (n > (uint64_t)(end - p))
+			return error_set(err, PROTOCOL_E_BAD_FRAME, "a field runs past the end of its message");
+		const ProtobufCFieldDescriptor *f =
+			key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
+		if (f && (key & 7) == 2 && (f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_MESSAGE)) {
+			snprintf(path + base, path_size - base, "%s%s", base ? "." : "", f->name);
+			if (f->type == PROTOBUF_C_TYPE_STRING) {
+				const uint8_t *nul = memchr(p, 0, (size_t)n);
+				if (nul)
+					return error_set(err, PROTOCOL_E_BAD_MESSAGE, "%s: holds U+0000 (NUL) at byte %zu",
+							 path, (size_t)(nul - p));
+			} else {
+				int r = wire_strings_check(f->descriptor, p, (size_t)n, path, path_size, depth + 1, err);
+				if (r)
+					return r;
+			}
+			path[base] = 0;
+		}
+		p += n;
+	}
+	return 0;
+}
+
+int protocol_check_encoded_strings(const uint8_t *data, size_t len, Error *err)
+{
+	char path[256] = "";
+	return wire_strings_check(&turbokv__v1__client_message__descriptor, data, len, path, sizeof(path), 0, err);
+}
+
 int protocol_client_message_unpack(const uint8_t *data, size_t len, size_t n_fds,
 				   Turbokv__V1__ClientMessage **ret, Error *err)
 {
@@ -440,7 +523,9 @@ int protocol_client_message_unpack(const uint8_t *data, size_t len, size_t n_fds
 	m = turbokv__v1__client_message__unpack(NULL, len, data);
 	if (!m)
 		return error_set(err, PROTOCOL_E_BAD_FRAME, "%zu bytes that are not a ClientMessage", len);
-	r = protocol_validate_client_message(m, n_fds, err);
+	r = protocol_check_encoded_strings(data, len, err);
+	if (r == 0)
+		r = protocol_validate_client_message(m, n_fds, err);
 	if (r)
 		return r;
 	*ret = TAKE_PTR(m);

@@ -89,6 +89,7 @@ typedef enum ProtocolError {
 	PROTOCOL_E_SHUTTING_DOWN = TURBOKV__V1__ERROR_CODE__ERROR_CODE_SHUTTING_DOWN,
 	PROTOCOL_E_CANCELLED = TURBOKV__V1__ERROR_CODE__ERROR_CODE_CANCELLED,
 	PROTOCOL_E_INTERNAL = TURBOKV__V1__ERROR_CODE__ERROR_CODE_INTERNAL,
+	PROTOCOL_E_TIMEOUT = TURBOKV__V1__ERROR_CODE__ERROR_CODE_TIMEOUT,
 } ProtocolError;
 
 /*
@@ -140,7 +141,20 @@ bool protocol_text_valid(const uint8_t *s, size_t n);
 int protocol_validate_client_message(const Turbokv__V1__ClientMessage *m, size_t n_fds, Error *err);
 
 /*
- * Decode one frame payload as a ClientMessage and validate it. Returns 0
+ * protobuf-c hands string fields over NUL-terminated, without their
+ * length: a session name "good\0bad" would reach the daemon as "good".
+ * This walks the encoded ClientMessage data[0..len) (with the generated
+ * descriptors, into every sub-message) and refuses any string field whose
+ * bytes hold U+0000. Returns 0, PROTOCOL_E_BAD_MESSAGE (err names the
+ * field: "session_delete.name: holds U+0000 (NUL) at byte 4"), or
+ * PROTOCOL_E_BAD_FRAME for bytes that are not a protobuf encoding. Call it
+ * on every frame beside protocol_validate_client_message(); bytes fields
+ * are checked there (protocol_text_valid() refuses NUL).
+ */
+int protocol_check_encoded_strings(const uint8_t *data, size_t len, Error *err);
+
+/*
+ * Decode one frame payload as a ClientMessage and validate it (both checks above). Returns 0
  * and hands the message to *ret (free with protocol_client_message_free);
  * PROTOCOL_E_BAD_FRAME if len exceeds PROTOCOL_MAX_FRAME_BYTES or the
  * bytes do not decode (protobuf-c reports an allocation failure the same

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -481,6 +482,7 @@ struct ModelRun {
 	int64_t *pos;     /* host (B,): position of each sequence of a multi-sequence batch */
 	int64_t *tok_pos; /* host (B,): position of each token of the batch */
 	int32_t *tok;     /* host (B,): the tokens of a multi-sequence batch (0 for a failed one) */
+	_Atomic uint64_t layers_done; /* layers evaluated so far, read by model_run_progress() */
 };
 
 /*
@@ -500,6 +502,11 @@ typedef struct EvalSeqs {
 	 */
 	int *status;
 } EvalSeqs;
+
+uint64_t model_run_progress(const ModelRun *r)
+{
+	return atomic_load_explicit(&r->layers_done, memory_order_relaxed);
+}
 
 ModelRun *model_run_free(ModelRun *r)
 {
@@ -704,9 +711,11 @@ static int eval_batch(const Model *m, ModelRun *r, const EvalSeqs *s, const int3
 	if ((e = ops->embed(r->b, &m->tok_embd, tokens, n, r->x)) ||
 	    (e = ops->rope_angles(r->b, &m->rope, r->tok_pos, n, r->cs, r->sn)))
 		return e;
-	for (int il = 0; il < c->n_layers; il++)
+	for (int il = 0; il < c->n_layers; il++) {
 		if ((e = layer_forward(m, r, s, il, n)))
 			return e;
+		atomic_fetch_add_explicit(&r->layers_done, 1, memory_order_relaxed);
+	}
 	for (int64_t i = 0; i < s->n_seq; i++)
 		if (!s->status[i])
 			kvcache_set_n_tokens(s->kvs[i], s->pos[i] + per);

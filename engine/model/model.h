@@ -129,6 +129,14 @@ ModelRun *model_run_free(ModelRun *r);
 DEFINE_FREEP(ModelRun, model_run_free)
 
 /*
+ * How many layers r has evaluated since it was created: grows while an
+ * evaluation runs (once per layer of each internal batch). Safe to call
+ * from another thread than the one evaluating (a watchdog asks whether
+ * the model is making progress).
+ */
+uint64_t model_run_progress(const ModelRun *r);
+
+/*
  * Evaluate n tokens at positions kv->n_tokens .. +n-1, appending their K
  * and V to kv (any length: split into batches internally). Writes logits
  * (n_vocab,) of the last token to ret_logits if non-NULL, and of every

@@ -393,7 +393,16 @@ int session_save_at(int dir_fd, const char *file, const SessionState *s, uint64_
 
 	if (!file || !file[0] || strchr(file, '/') || snprintf(tmp, sizeof(tmp), "%s.tmp", file) >= (int)sizeof(tmp))
 		return error_set(err, -EINVAL, "bad file name");
-	int fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	/*
+	 * A new file, never one found there: O_EXCL | O_NOFOLLOW refuse a
+	 * symlink or anything else planted under the temporary name (a FIFO
+	 * would block an O_WRONLY open without O_NONBLOCK), so such a thing is
+	 * removed and the create tried once more.
+	 */
+	int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+	int fd = openat(dir_fd, tmp, flags, 0600);
+	if (fd < 0 && errno == EEXIST && unlinkat(dir_fd, tmp, 0) == 0)
+		fd = openat(dir_fd, tmp, flags, 0600);
 	if (fd < 0)
 		return error_set(err, -errno, "cannot create %s: %s", tmp, strerror(errno));
 	if (fchmod(fd, 0600) < 0)

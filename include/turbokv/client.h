@@ -65,6 +65,7 @@ typedef enum TkvErrorCode {
 	TKV_E_SHUTTING_DOWN = 20,
 	TKV_E_CANCELLED = 21,                /* cancelled before any output */
 	TKV_E_INTERNAL = 22,
+	TKV_E_TIMEOUT = 23,                  /* no Hello in time, or idle too long: connect again */
 	/* Client side. */
 	TKV_E_CONNECT = 100,         /* the daemon's socket cannot be reached */
 	TKV_E_PROTOCOL = 101,        /* the daemon sent something that breaks the protocol */

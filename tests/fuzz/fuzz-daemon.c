@@ -39,6 +39,7 @@
 #include "daemon/manager.h"
 #include "daemon/scheduler.h"
 #include "daemon/sessions.h"
+#include "daemon/worker.h"
 #include "engine/text/tokenizer.h"
 #include "ipc/frame.h"
 #include "proto/protocol.h"
@@ -121,19 +122,22 @@ static void manager_init(void)
 		setup_failed("threads", r, NULL);
 	if ((r = model_run_new(m->model, MANAGER_PREFILL_CHUNK, m->threads, &m->run)) != 0)
 		setup_failed("model run", r, NULL);
+	if ((r = worker_new(m->event, &m->worker)) != 0)
+		setup_failed("worker", r, NULL);
 	if ((r = scheduler_new(m, &m->scheduler)) != 0)
 		setup_failed("scheduler", r, NULL);
 	if ((r = sessions_new(m, &m->sessions)) != 0)
 		setup_failed("sessions", r, NULL);
 }
 
-/* Run the loop until nothing is pending. */
+/* Run the loop until nothing is pending, the worker's jobs included. */
 static void loop_settle(void)
 {
 	for (int i = 0; i < 10000; i++) {
-		int r = sd_event_run(manager.event, 0);
+		bool jobs = worker_pending(manager.worker) > 0;
+		int r = sd_event_run(manager.event, jobs ? 1000000 : 0);
 		CHECK(r >= 0);
-		if (r == 0)
+		if (r == 0 && !jobs)
 			return;
 	}
 }

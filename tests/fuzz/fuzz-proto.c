@@ -1,7 +1,8 @@
 /*
  * fuzz-proto.c: libFuzzer target for the daemon's view of one frame
- * payload: protobuf-c decoding of a turbokv.v1 ClientMessage and
- * protocol_validate_client_message() (proto/protocol.c).
+ * payload: protobuf-c decoding of a turbokv.v1 ClientMessage, the walk of
+ * its wire bytes for NUL in string fields (protocol_check_encoded_strings())
+ * and protocol_validate_client_message() (proto/protocol.c).
  *
  * The input is the payload of one frame (no length prefix), as the seed
  * corpus in corpus/proto/ holds. It is tried as if sent with no
@@ -11,7 +12,8 @@
  *
  * Promises checked for every input: unpacking returns 0 with a message or
  * a defined ErrorCode with a message and nothing kept; it agrees with
- * plain unpack + validate; an accepted message packs again to bytes that
+ * plain unpack + the string walk + validate (the walk never fails where
+ * protobuf-c decoded, but with BAD_MESSAGE for a NUL); an accepted message packs again to bytes that
  * decode and validate the same, and packing those gives the same bytes
  * (one normalisation, then a fixed point); nothing leaks (ASan).
  */
@@ -71,14 +73,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		n_att = raw->generate->n_attachments;
 
 	int r0 = try_fds(data, size, 0);
+	int nul = raw ? protocol_check_encoded_strings(data, size, NULL) : 0;
+	if (raw)
+		CHECK(nul == 0 || nul == PROTOCOL_E_BAD_MESSAGE || nul == PROTOCOL_E_BAD_FRAME);
 	if (!raw)
 		CHECK(r0 == PROTOCOL_E_BAD_FRAME);
 	else if (size <= PROTOCOL_MAX_FRAME_BYTES)
-		CHECK(r0 == protocol_validate_client_message(raw, 0, NULL));
+		CHECK(r0 == (nul ? nul : protocol_validate_client_message(raw, 0, NULL)));
 
 	if (raw && n_att > 0 && n_att <= PROTOCOL_MAX_ATTACHMENTS) {
 		int r = try_fds(data, size, n_att);
-		CHECK(r == protocol_validate_client_message(raw, n_att, NULL));
+		CHECK(r == (nul ? nul : protocol_validate_client_message(raw, n_att, NULL)));
 	}
 	protocol_client_message_free(raw);
 	return 0;

@@ -927,7 +927,12 @@ def case_session_limits(args, tmp):
     res = sess_turn(d, "three", TURNS[0])
     assert res.error is not None and res.error[0] == 16, res.error  # SESSION_QUOTA
     # a budget of one byte: every session is spilled to disk when its request ends
+    # (the save runs on the daemon's I/O worker: give it a moment)
+    deadline = time.monotonic() + 30
     lst = sess_list(d)
+    while any(v["in_memory"] for v in lst.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        lst = sess_list(d)
     assert sorted(lst) == ["one", "two"] and not any(v["in_memory"] for v in lst.values()), lst
     assert all(v["bytes"] > 0 for v in lst.values()), lst
     r = sess_ok(sess_turn(d, "one", TURNS[1]))

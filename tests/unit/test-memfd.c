@@ -190,6 +190,24 @@ START_TEST(test_not_memfd)
 		close(fd);
 	}
 
+	/* an O_PATH descriptor, of a file and of a sealed memfd (through /proc) */
+	fd = open("/etc/passwd", O_PATH | O_CLOEXEC);
+	ck_assert_int_ge(fd, 0);
+	expect_code(fd, 0, MEMFD_E_NOT_MEMFD);
+	close(fd);
+	{
+		int mfd;
+		char path[64];
+		ck_assert_int_eq(memfd_new_sealed("opath", "hello", 5, &mfd), 0);
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", mfd);
+		fd = open(path, O_PATH | O_CLOEXEC);
+		if (fd >= 0) {
+			expect_code(fd, 0, MEMFD_E_NOT_MEMFD);
+			close(fd);
+		}
+		close(mfd);
+	}
+
 	ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
 	expect_code(p[0], 0, MEMFD_E_NOT_MEMFD);
 	expect_code(p[1], 0, MEMFD_E_NOT_MEMFD);
@@ -224,6 +242,24 @@ START_TEST(test_too_large)
 	expect_code(fd, 1000, MEMFD_E_TOO_LARGE);
 	close(fd);
 	ck_assert_str_eq(memfd_error_name(MEMFD_E_TOO_LARGE), "MEMFD_E_TOO_LARGE");
+}
+END_TEST
+
+/* U+0000 is valid UTF-8 but would cut the prompt short: refused, at its offset. */
+START_TEST(test_nul_memfd)
+{
+	static const char text[] = "before\0after";
+	MemfdMapping m = { 0 };
+	Error err = { 0 };
+	int fd;
+	ck_assert_int_eq(memfd_new_sealed("nul", text, sizeof(text) - 1, &fd), 0);
+	ck_assert_int_eq(memfd_map_text(fd, 0, &m, &err), MEMFD_E_NOT_UTF8);
+	ck_assert_ptr_nonnull(strstr(err.msg, "byte 6"));
+	ck_assert_ptr_null(m.data);
+	close(fd);
+	ck_assert_int_eq(memfd_new_sealed("nul", "\0", 1, &fd), 0);
+	expect_code(fd, 0, MEMFD_E_NOT_UTF8);
+	close(fd);
 }
 END_TEST
 
@@ -379,6 +415,7 @@ int main(void)
 	tcase_add_test(tc, test_not_memfd);
 	tcase_add_test(tc, test_too_large);
 	tcase_add_test(tc, test_bad_utf8_memfd);
+	tcase_add_test(tc, test_nul_memfd);
 	tcase_add_test(tc, test_utf8_exhaustive);
 	suite_add_tcase(s, tc);
 	return test_run_suite(s);

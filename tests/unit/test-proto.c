@@ -879,6 +879,43 @@ START_TEST(truncated_and_garbage_input_fails_cleanly)
 }
 END_TEST
 
+/* A string field holding NUL is refused by its wire bytes, not cut short by protobuf-c. */
+START_TEST(nul_in_strings_is_refused)
+{
+	/* SessionDelete{request_id: 1, name: "good\0x"}: ClientMessage field 7 */
+	static const uint8_t del[] = { 0x3a, 0x0a, 0x08, 0x01, 0x12, 0x06, 'g', 'o', 'o', 'd', 0, 'x' };
+	/* Hello{protocol_version: 1, client_name: "a\0"} */
+	static const uint8_t hello[] = { 0x0a, 0x06, 0x08, 0x01, 0x12, 0x02, 'a', 0 };
+	/* Generate{request_id: 1, raw_prompt: "hi", session: "s\0"} */
+	static const uint8_t gen[] = { 0x12, 0x0a, 0x08, 0x01, 0x1a, 0x02, 'h', 'i', 0x42, 0x02, 's', 0 };
+	/* the same without NUL */
+	static const uint8_t ok[] = { 0x3a, 0x08, 0x08, 0x01, 0x12, 0x04, 'g', 'o', 'o', 'd' };
+	Turbokv__V1__ClientMessage *m = NULL;
+	Error err = { 0 };
+
+	/* protobuf-c alone would let the first one through as "good" */
+	Turbokv__V1__ClientMessage *raw = turbokv__v1__client_message__unpack(NULL, sizeof(del), del);
+	ck_assert_ptr_nonnull(raw);
+	ck_assert_str_eq(raw->session_delete->name, "good");
+	protocol_client_message_free(raw);
+
+	ck_assert_int_eq(protocol_client_message_unpack(del, sizeof(del), 0, &m, &err), PROTOCOL_E_BAD_MESSAGE);
+	ck_assert_ptr_nonnull(strstr(err.msg, "session_delete.name"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "byte 4"));
+	ck_assert_int_eq(protocol_check_encoded_strings(hello, sizeof(hello), &err), PROTOCOL_E_BAD_MESSAGE);
+	ck_assert_ptr_nonnull(strstr(err.msg, "hello.client_name"));
+	ck_assert_int_eq(protocol_check_encoded_strings(gen, sizeof(gen), &err), PROTOCOL_E_BAD_MESSAGE);
+	ck_assert_ptr_nonnull(strstr(err.msg, "generate.session"));
+	ck_assert_ptr_null(m);
+	ck_assert_int_eq(protocol_client_message_unpack(ok, sizeof(ok), 0, &m, &err), 0);
+	ck_assert_str_eq(m->session_delete->name, "good");
+	protocol_client_message_free(m);
+	/* truncated encodings are bad frames, never read past the end */
+	for (size_t n = 1; n < sizeof(ok); n++)
+		ck_assert_int_ne(protocol_check_encoded_strings(ok, n, &err), 0);
+}
+END_TEST
+
 START_TEST(session_names)
 {
 	char max[PROTOCOL_MAX_SESSION_NAME + 2];
@@ -984,7 +1021,7 @@ START_TEST(error_codes_are_stable)
 		"ATTACHMENT_NOT_MEMFD", "ATTACHMENT_NOT_SEALED", "ATTACHMENT_TOO_LARGE",
 		"ATTACHMENT_NOT_UTF8", "ATTACHMENT_SIZE_MISMATCH", "SESSION_NOT_FOUND",
 		"SESSION_BAD_NAME", "SESSION_QUOTA", "SESSION_CORRUPT", "SESSION_BUSY", "BUSY",
-		"SHUTTING_DOWN", "CANCELLED", "INTERNAL",
+		"SHUTTING_DOWN", "CANCELLED", "INTERNAL", "TIMEOUT",
 	};
 	for (int i = 0; i < (int)ARRAY_SIZE(names); i++) {
 		ck_assert_ptr_nonnull(protocol_error_code_name(i));
@@ -1027,6 +1064,7 @@ int main(void)
 	tcase_add_test(tc, frames_over_the_cap_are_bad_frames);
 	tcase_add_test(tc, truncated_and_garbage_input_fails_cleanly);
 	tcase_add_test(tc, session_names);
+	tcase_add_test(tc, nul_in_strings_is_refused);
 	tcase_add_test(tc, text_check_matches_the_engine_decoder);
 	tcase_add_test(tc, error_codes_are_stable);
 	suite_add_tcase(s, tc);
