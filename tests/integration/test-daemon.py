@@ -1094,14 +1094,14 @@ def case_answer_limit(args, tmp):
     c.close()
     d.stop()
     # --answer-tokens 0: until the context is full; the session's answer ends LENGTH and is kept
-    d = sess_daemon(args, tmp, extra=["--ctx", "160", "--answer-tokens", "0"])
+    d = sess_daemon(args, tmp, extra=["--ctx", "80", "--answer-tokens", "0"])
     c = w.Conn(d.sock)
     c.hello()
     c.send(w.generate(2, raw=COUNTING.encode(), max_tokens=0, session="count"))
     res = w.collect(c, 2)
     assert res.error is None, res.error
     assert w.first(res.done, 2) == w.FINISH["LENGTH"], res.done
-    assert w.first(res.done, 3) + w.first(res.done, 5) == 161, res.done  # the last one sampled, not cached
+    assert w.first(res.done, 3) + w.first(res.done, 5) == 81, res.done  # the last one sampled, not cached
     c.send(w.generate(3, raw=b" 17,", max_tokens=4, session="count"))
     res = w.collect(c, 3)
     assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
@@ -1110,7 +1110,7 @@ def case_answer_limit(args, tmp):
     res = w.collect(c, 4)
     assert res.error is None, res.error
     assert w.first(res.done, 6) > 0 and w.first(res.done, 5) == 4, res.done
-    assert w.first(res.done, 3) <= 160 - 4, res.done
+    assert w.first(res.done, 3) <= 80 - 4, res.done
     c.close()
     d.stop()
     return 0
