@@ -23,8 +23,12 @@ Usage (after scripts/setup.sh; the daemon is started here with --threads N):
   bench/daemon-load.py latency [--samples 20] [--threads 2] [--build build]
   bench/daemon-load.py load [--clients 100] [--hostile 5] [--tokens 16] [--threads 2] [--build build]
   add --json for one JSON object on stdout.
-The daemon gets --connections-per-user above --clients: every client here has
-the same uid, and the default per-user cap (32) would refuse the honest ones.
+The daemon caps each user at 32 connections and 32 requests in flight. Run as
+root, the honest clients are spread over --honest-uids users (default 4, uids
+61000..; each group runs in a forked process that drops to its uid), so 100 of
+them stay under the caps as 100 people on one machine would; the hostile ones
+stay root. As another user, every client has that uid (--honest-uids 1) and
+the clients beyond the caps are refused by design (counted as failures).
 """
 import argparse
 import json
@@ -206,9 +210,61 @@ def hostile_outcome(c, stop):
 HOSTILE = [hostile_parked_fds, hostile_never_reads, hostile_garbage, hostile_idle, hostile_slowloris]
 
 
+def honest_group(sock, a, idx):
+    """[(question, {"tokens", "error"} or None, ttft ms or error text)] of the clients idx, at once."""
+    out = [None] * len(idx)
+
+    def one(j, i):
+        q = QUESTIONS[i % len(QUESTIONS)]
+        try:
+            res, ttft = ask(sock, q, a.tokens)
+            out[j] = (q, {"tokens": list(res.tokens), "error": res.error and str(res.error)}, ttft)
+        except Exception as e:  # noqa: B902: counted as a failure by the caller
+            out[j] = (q, None, repr(e))
+    ths = [threading.Thread(target=one, args=(j, i)) for j, i in enumerate(idx)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    return out
+
+
+def run_honest(a, sock):
+    """The honest clients, all at once: in this process, or (as root) one forked process per uid."""
+    uids = a.honest_uids if os.geteuid() == 0 else 1
+    if uids <= 1:
+        return honest_group(sock, a, list(range(a.clients)))
+    kids = []
+    for u in range(uids):
+        idx = list(range(u, a.clients, uids))
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child keeps gid 0 (the socket is 0660 root:root) and becomes another user
+            os.close(r)
+            code = 0
+            try:
+                os.setuid(61000 + u)
+                os.write(wfd, json.dumps(honest_group(sock, a, idx)).encode())
+            except BaseException:  # noqa: B902: the parent counts the missing answers
+                code = 1
+            os._exit(code)
+        os.close(wfd)
+        kids.append((pid, r, idx))
+    results = [None] * a.clients
+    for pid, r, idx in kids:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        os.waitpid(pid, 0)
+        got = json.loads(data) if data else [(QUESTIONS[i % len(QUESTIONS)], None, "client process failed")
+                                             for i in idx]
+        for i, res in zip(idx, got):
+            results[i] = tuple(res)
+    return results
+
+
 def run_load(a, tmp):
-    proc, sock = start_daemon(tmp, a, ["--connections-per-user", str(min(256, a.clients + a.hostile + 8)),
-                                       "--idle-timeout", "20"])
+    os.chmod(tmp, 0o750)  # the honest users (gid 0) reach the socket inside
+    proc, sock = start_daemon(tmp, a, ["--idle-timeout", "20"])
     try:
         golden = {q: ask(sock, q, a.tokens)[0].tokens for q in QUESTIONS}  # one at a time: the reference
         rss_before = rss_kib(proc.pid)
@@ -219,21 +275,8 @@ def run_load(a, tmp):
         for t in hostile:
             t.start()
         time.sleep(0.5)
-        results = [None] * a.clients
-
-        def honest(i):
-            q = QUESTIONS[i % len(QUESTIONS)]
-            try:
-                res, ttft = ask(sock, q, a.tokens)
-                results[i] = (q, res, ttft)
-            except Exception as e:  # noqa: B902: counted as a failure below
-                results[i] = (q, None, repr(e))
         t0 = time.monotonic()
-        ths = [threading.Thread(target=honest, args=(i,)) for i in range(a.clients)]
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join()
+        results = run_honest(a, sock)
         wall = time.monotonic() - t0
         # the hostile ones get until the Hello timeout (10 s) and a little to be refused
         deadline = t0 + 15
@@ -245,8 +288,8 @@ def run_load(a, tmp):
             t.join(10)
         time.sleep(1)
         rss_after = rss_kib(proc.pid)
-        ok = [r for r in results if r[1] is not None and r[1].error is None and r[1].tokens == golden[r[0]]]
-        bad = [(r[0], r[2] if r[1] is None else r[1].error or "answer differs") for r in results if r not in ok]
+        ok = [r for r in results if r[1] is not None and r[1]["error"] is None and r[1]["tokens"] == golden[r[0]]]
+        bad = [(r[0], r[2] if r[1] is None else r[1]["error"] or "answer differs") for r in results if r not in ok]
         ttft = [r[2] for r in ok if r[2] is not None]
     finally:
         rc = stop_daemon(proc)
@@ -263,6 +306,7 @@ def main():
     ap.add_argument("--hostile", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--honest-uids", type=int, default=4)
     ap.add_argument("--build", default="build")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()

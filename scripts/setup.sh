@@ -3,7 +3,8 @@
 #
 #   1. Debian packages (only those missing; apt-get needs root or sudo),
 #   2. the default model into ~/.cache/turbokv/models (scripts/fetch-model.sh),
-#   3. a release build in ./build (meson + ninja).
+#   3. a release build in ./build (meson + ninja),
+#   4. the Python HTTP clients of the gateway's tests (scripts/setup-pyclients.sh).
 #
 # Idempotent and quick the second time: nothing is installed, fetched or
 # rebuilt that is already there.
@@ -12,7 +13,8 @@ set -eu
 cd "$(dirname "$0")/.."
 
 packages="meson ninja-build pkg-config gcc check protobuf-c-compiler libprotobuf-c-dev
-	libsystemd-dev systemd python3 python3-pip clang libclang-rt-14-dev debian-handbook"
+	libsystemd-dev systemd python3 python3-pip clang libclang-rt-14-dev debian-handbook
+	libmicrohttpd-dev libjansson-dev curl"
 
 missing=
 for p in $packages; do
@@ -55,3 +57,4 @@ if [ ! -f build/build.ninja ]; then
 	quiet meson setup build --buildtype=release -Dcuda=$cuda
 fi
 quiet ninja -C build
+quiet scripts/setup-pyclients.sh

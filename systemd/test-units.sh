@@ -23,16 +23,21 @@
 #      root create the user (home /var/lib/turbokv, no login shell) and the
 #      directories with the owners the units expect.
 #   6. When this build installs a turbokvd, ExecStart names its install path.
+#   7. With --http yes: the turbokv-http units (system and user) pass the
+#      same verify (no output) and security thresholds (system 2.0, user
+#      7.0), the system service joins the group that owns the daemon's
+#      socket, and both listen on loopback only.
 # What it does not prove: that the daemon starts, sandboxed, under a real
 # systemd (no systemd runs here); see docs/systemd.md for the manual check.
 #
 # Usage: test-units.sh --units DIR --sbindir DIR --systemdir DIR
 #          --sysusers FILE --tmpfiles FILE --build-root DIR
+#          [--bindir DIR --http yes|no]
 # DIR/turbokvd.{service,socket} and DIR/user/turbokvd.{service,socket} are
 # the configured units. $SYSTEMD_ANALYZE overrides the systemd-analyze path.
 set -eu
 
-units= sbindir= systemdir= sysusers= tmpfiles= build_root=
+units= sbindir= systemdir= sysusers= tmpfiles= build_root= bindir=/usr/bin http=no
 while [ $# -gt 1 ]; do
 	case $1 in
 	--units) units=$2 ;;
@@ -41,6 +46,8 @@ while [ $# -gt 1 ]; do
 	--sysusers) sysusers=$2 ;;
 	--tmpfiles) tmpfiles=$2 ;;
 	--build-root) build_root=$2 ;;
+	--bindir) bindir=$2 ;;
+	--http) http=$2 ;;
 	*) echo "test-units: unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift 2
@@ -237,6 +244,36 @@ for dst in json.load(open(sys.argv[1])).values():
 	else
 		echo "ok: ExecStart is the installed $where"
 	fi
+fi
+
+# --- 7. turbokv-http's units ------------------------------------------------
+if [ "$http" = yes ]; then
+	mkdir -p "$root$bindir"
+	printf '#!/bin/sh\nexit 0\n' >"$root$bindir/turbokv-http"
+	chmod 755 "$root$bindir/turbokv-http"
+	cp "$units/turbokv-http.service" "$units/turbokv-http.socket" "$root$systemdir/"
+	clean "turbokv-http system units: systemd-analyze verify" \
+		sys_verify "$systemdir/turbokv-http.service" "$systemdir/turbokv-http.socket"
+	quiet_rc "turbokv-http system service: systemd-analyze security <= 2.0" \
+		"$sa" security --offline=yes --threshold=20 --root="$root" \
+		"$systemdir/turbokv-http.service"
+	for u in turbokv-http.service turbokv-http.socket; do
+		sed "s|^ExecStart=$bindir/turbokv-http|ExecStart=$root$bindir/turbokv-http|" \
+			"$units/user/$u" >"$user/units/$u"
+	done
+	clean "turbokv-http user units: systemd-analyze --user verify" \
+		user_sa verify --man=no "$user/units/turbokv-http.service" "$user/units/turbokv-http.socket"
+	quiet_rc "turbokv-http user service: systemd-analyze --user security <= 7.0" \
+		user_sa security --offline=yes --threshold=70 "$user/units/turbokv-http.service"
+	[ "$(unit_get "$units/turbokv-http.service" SupplementaryGroups)" = "$sysuser" ] ||
+		fail "turbokv-http.service is not in group $sysuser, which owns the daemon's socket"
+	for f in "$units/turbokv-http.socket" "$units/user/turbokv-http.socket"; do
+		case $(unit_get "$f" ListenStream) in
+		127.0.0.1:* | "[::1]:"*) ;;
+		*) fail "$f listens beyond loopback" ;;
+		esac
+	done
+	echo "ok: turbokv-http units listen on loopback; the service may reach the daemon"
 fi
 
 exit "$failed"

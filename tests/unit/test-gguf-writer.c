@@ -428,15 +428,18 @@ typedef struct GenCase {
 	uint32_t wtype;
 	const char *dim, *ff;
 	int n_dim, n_ff;
+	bool mix; /* Q4_K_M: output and layer 1's attn_v and ffn_down (of 2) in Q6_K */
 } GenCase;
 
 /* Q4_K rows are 256-value blocks, so its model is wider. */
 static const GenCase gen_cases[] = {
-	{ "F32", WTYPE_F32, "64", "128", 64, 128 },
-	{ "F16", WTYPE_F16, "64", "128", 64, 128 },
-	{ "Q8_0", WTYPE_Q8_0, "64", "128", 64, 128 },
-	{ "q4_0", WTYPE_Q4_0, "64", "128", 64, 128 },
-	{ "Q4_K", WTYPE_Q4_K, "256", "512", 256, 512 },
+	{ "F32", WTYPE_F32, "64", "128", 64, 128, false },
+	{ "F16", WTYPE_F16, "64", "128", 64, 128, false },
+	{ "Q8_0", WTYPE_Q8_0, "64", "128", 64, 128, false },
+	{ "q4_0", WTYPE_Q4_0, "64", "128", 64, 128, false },
+	{ "Q4_K", WTYPE_Q4_K, "256", "512", 256, 512, false },
+	{ "Q6_K", WTYPE_Q6_K, "256", "512", 256, 512, false },
+	{ "Q4_K_M", WTYPE_Q4_K, "256", "512", 256, 512, true },
 };
 
 static int gen_case(const GenCase *c, const char *path, const char *seed)
@@ -532,7 +535,10 @@ static void check_file(const GenCase *c, const char *path)
 	for (size_t i = 0; i < ARRAY_SIZE(shapes); i++) {
 		const GgufTensor *t = gguf_find_tensor(g, shapes[i].name);
 		ck_assert_msg(t, "%s missing", shapes[i].name);
-		ck_assert_uint_eq(t->type, c->wtype);
+		bool q6 = c->mix && (strcmp(shapes[i].name, "output.weight") == 0 ||
+				     strcmp(shapes[i].name, "blk.1.ffn_down.weight") == 0);
+		ck_assert_msg(t->type == (q6 ? WTYPE_Q6_K : c->wtype), "%s %s: type %u", c->type,
+			      shapes[i].name, t->type);
 		ck_assert_uint_eq(t->n_dims, 2);
 		ck_assert_uint_eq(t->ne[0], (uint64_t)shapes[i].cols);
 		ck_assert_uint_eq(t->ne[1], (uint64_t)shapes[i].rows);
@@ -541,6 +547,11 @@ static void check_file(const GenCase *c, const char *path)
 		tensor_stats(t, &mean, &std);
 		ck_assert_msg(fabs(mean) < 0.1 * want && std > 0.85 * want && std < 1.15 * want,
 			      "%s %s: mean %g std %g, want 0 and %g", c->type, shapes[i].name, mean, std, want);
+	}
+	if (c->mix) {
+		ck_assert_uint_eq(gguf_find_tensor(g, "blk.1.attn_v.weight")->type, WTYPE_Q6_K);
+		ck_assert_uint_eq(gguf_find_tensor(g, "blk.0.ffn_down.weight")->type, WTYPE_Q4_K);
+		check_u32(g, "general.file_type", 15);
 	}
 	const char *norms[] = { "blk.0.attn_norm.weight", "blk.1.ffn_norm.weight", "output_norm.weight" };
 	for (size_t i = 0; i < ARRAY_SIZE(norms); i++) {

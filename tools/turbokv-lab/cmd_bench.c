@@ -8,10 +8,17 @@
  * test runs once as a warm-up, then --repetitions times; we report the
  * median and the standard deviation of tokens per second.
  *
- * --depth D1,D2,...: the decode test runs once per depth, after the cache
- * has been filled with D tokens by real prefill (llama-bench -d): depths
- * in ascending order, each prefilled on top of the previous one, the
- * cache rewound to D before every timed run. Prefill time is not counted.
+ * --depth D1,D2,...: the prefill and decode tests run once per depth, after
+ * the cache has been filled with D tokens by real prefill (llama-bench -d:
+ * "pp N @ dD" is N tokens prefilled after D): depths in ascending order,
+ * each prefilled on top of the previous one, the cache rewound to D before
+ * every timed run. The filling is not counted.
+ *
+ * Every row also gives the peak RSS so far (getrusage: it never goes down,
+ * so a row's figure is the peak of that test and all before it), and decode
+ * rows the bytes read per second: every weight matrix once per token (the
+ * embedding table excepted: one row of it) plus the KV cache at the mean
+ * depth of the run, to set against bench/bench-membw's ceiling.
  * --fill random appends seeded random K and V rows instead of running the
  * model over D tokens: decode reads the same bytes either way, and deep
  * contexts on slow prefill paths are filled in seconds.
@@ -44,7 +51,7 @@ static void usage(FILE *f)
 		"  -n, --n-gen N        tokens for the decode test (default 128, 0: skip)\n"
 		"  -r, --repetitions N  measured runs per test (default 5)\n"
 		"      --kv SPEC        KV cache types (tq4, q8_0:q4_0, ...; default f32)\n"
-		"  -d, --depth LIST     decode test after prefilling each of these many tokens\n"
+		"  -d, --depth LIST     both tests after prefilling each of these many tokens\n"
 		"                       (comma-separated, up to 16; default 0)\n"
 		"      --fill HOW       how depths are filled: prefill (default, the model runs\n"
 		"                       over the tokens) or random (seeded random K/V rows)\n"
@@ -63,7 +70,26 @@ typedef struct BenchResult {
 	long depth;
 	double median_tps;
 	double stdev_tps;
+	double read_gbs;   /* decode: bytes read per second / 1e9; 0 for prefill */
+	long peak_rss_kib; /* ru_maxrss after the test */
 } BenchResult;
+
+/* Bytes of the weight matrices one decode step reads (the embedding: one row). */
+static double weight_bytes_per_token(const Model *m)
+{
+	double b = (double)m->tok_embd.row_stride;
+	if (m->output.data != m->tok_embd.data)
+		b += (double)m->output.rows * (double)m->output.row_stride;
+	else
+		b += (double)m->tok_embd.rows * (double)m->tok_embd.row_stride;
+	for (int il = 0; il < m->cfg.n_layers; il++) {
+		const LayerWeights *w = &m->layers[il];
+		const MatmulWeight *ws[] = { &w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down };
+		for (size_t i = 0; i < ARRAY_SIZE(ws); i++)
+			b += (double)ws[i]->rows * (double)ws[i]->row_stride;
+	}
+	return b;
+}
 
 static int cmp_long(const void *a, const void *b)
 {
@@ -183,11 +209,17 @@ static int bench_test(const Model *m, ModelRun *run, KvCache *kv, const int32_t 
 	for (long i = 0; i < reps; i++)
 		var += (tps[i] - mean) * (tps[i] - mean);
 	qsort(tps, reps, sizeof(double), cmp_double);
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	double med = reps % 2 ? tps[reps / 2] : (tps[reps / 2 - 1] + tps[reps / 2]) / 2;
+	double bytes = weight_bytes_per_token(m) + (double)kvcache_bytes_per_token(kv) * ((double)depth + n / 2.0);
 	*ret = (BenchResult){
+		.read_gbs = prefill ? 0.0 : med * bytes / 1e9,
+		.peak_rss_kib = ru.ru_maxrss,
 		.test = prefill ? "pp" : "tg",
 		.n = n,
 		.depth = depth,
-		.median_tps = reps % 2 ? tps[reps / 2] : (tps[reps / 2 - 1] + tps[reps / 2]) / 2,
+		.median_tps = med,
 		.stdev_tps = reps > 1 ? sqrt(var / (reps - 1)) : 0.0,
 	};
 	return 0;
@@ -255,7 +287,7 @@ int cmd_bench(int argc, char **argv)
 	if (lab_load(&o.common, &m, NULL) < 0)
 		return LAB_EXIT_FAILURE;
 
-	int64_t n_ctx = MAX(o.n_prompt, o.depth[o.n_depth - 1] + o.n_gen);
+	int64_t n_ctx = o.depth[o.n_depth - 1] + MAX(o.n_prompt, o.n_gen);
 	if (n_ctx < 1)
 		return LAB_EXIT_OK;
 	ThreadPool *tp = NULL;
@@ -279,20 +311,20 @@ int cmd_bench(int argc, char **argv)
 		tokens[i] = (int32_t)((seed >> 33) % (uint64_t)m->cfg.n_vocab);
 	}
 
-	BenchResult res[1 + ARRAY_SIZE(o.depth)];
+	BenchResult res[2 * ARRAY_SIZE(o.depth)];
 	int n_res = 0;
 	r = 0;
-	if (o.n_prompt > 0)
-		r = bench_test(m, run, kv, tokens, &o, true, 0, logits, &res[n_res++]);
 	long filled = 0; /* tokens 0 .. filled-1 are in the cache from the previous depth */
-	for (int i = 0; r == 0 && o.n_gen > 0 && i < o.n_depth; i++) {
+	for (int i = 0; r == 0 && i < o.n_depth; i++) {
 		long d = o.depth[i];
 		kvcache_set_n_tokens(kv, filled);
 		if (d > filled && (o.fill_random ? fill_random(m, kv, filled, d)
 						 : model_eval(m, run, kv, tokens + filled, d - filled, logits, NULL)) != 0)
 			r = -1;
 		filled = d;
-		if (r == 0)
+		if (r == 0 && o.n_prompt > 0)
+			r = bench_test(m, run, kv, tokens, &o, true, d, logits, &res[n_res++]);
+		if (r == 0 && o.n_gen > 0)
 			r = bench_test(m, run, kv, tokens, &o, false, d, logits, &res[n_res++]);
 	}
 	threadpool_free(tp);
@@ -316,24 +348,29 @@ int cmd_bench(int argc, char **argv)
 		printf(", \"kv_bits_per_value\": %.4f, \"kv_bytes_per_token\": %zu, \"peak_rss_bytes\": %ld, \"results\": [",
 		       kv_bits, kvcache_bytes_per_token(kv), ru.ru_maxrss * 1024L);
 		for (int i = 0; i < n_res; i++)
-			printf("%s{\"test\": \"%s%ld\", \"depth\": %ld, \"tokens_per_s\": %.2f, \"stdev\": %.2f, \"repetitions\": %ld}",
+			printf("%s{\"test\": \"%s%ld\", \"depth\": %ld, \"tokens_per_s\": %.2f, \"stdev\": %.2f, \"repetitions\": %ld, "
+			       "\"read_gb_per_s\": %.2f, \"peak_rss_bytes\": %ld}",
 			       i ? ", " : "", res[i].test, res[i].n, res[i].depth, res[i].median_tps, res[i].stdev_tps,
-			       o.reps);
+			       o.reps, res[i].read_gbs, res[i].peak_rss_kib * 1024L);
 		printf("]}\n");
 	} else {
 		printf("model: %s (%s), on %s\n", base, desc, backend_name(m->backend));
-		printf("| %-36s | %9s | %7s | %14s | %22s |\n", "model", "size", "threads", "test", "t/s (median ± sd)");
-		printf("| %.36s | %.9s | %.7s | %.14s | %.22s |\n", "------------------------------------",
-		       "---------", "-------", "--------------", "----------------------");
+		printf("| %-36s | %9s | %7s | %14s | %22s | %6s | %9s |\n", "model", "size", "threads", "test",
+		       "t/s (median ± sd)", "GB/s", "peak RSS");
+		printf("| %.36s | %.9s | %.7s | %.14s | %.22s | %.6s | %.9s |\n", "------------------------------------",
+		       "---------", "-------", "--------------", "----------------------", "------", "---------");
 		for (int i = 0; i < n_res; i++) {
 			char test[32];
 			if (res[i].depth > 0)
 				snprintf(test, sizeof(test), "%s%ld @ d%ld", res[i].test, res[i].n, res[i].depth);
 			else
 				snprintf(test, sizeof(test), "%s%ld", res[i].test, res[i].n);
-			printf("| %-36.36s | %5.1f MiB | %7d | %14s | %12.2f ± %7.2f |\n", base,
+			char gbs[16] = "-";
+			if (res[i].read_gbs > 0)
+				snprintf(gbs, sizeof(gbs), "%.1f", res[i].read_gbs);
+			printf("| %-36.36s | %5.1f MiB | %7d | %14s | %12.2f ± %7.2f | %6s | %5.0f MiB |\n", base,
 			       gguf_file_size(m->gguf) / 1048576.0, o.common.threads, test, res[i].median_tps,
-			       res[i].stdev_tps);
+			       res[i].stdev_tps, gbs, res[i].peak_rss_kib / 1024.0);
 		}
 		printf("peak RSS: %.1f MiB, KV cache %s: %.4f bits/value, %zu bytes/token\n",
 		       ru.ru_maxrss / 1024.0, kv_name, kv_bits, kvcache_bytes_per_token(kv));

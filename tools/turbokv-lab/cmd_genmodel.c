@@ -39,7 +39,8 @@
 typedef struct GenShape {
 	int n_layers, dim, n_heads, n_kv_heads, head_dim, ff_dim, n_vocab, n_ctx;
 	bool explicit_head_dim;
-	uint32_t type;   /* WType of every matrix */
+	uint32_t type;   /* WType of every matrix (Q4_K for --type Q4_K_M) */
+	bool q4_k_m;     /* --type Q4_K_M: llama.cpp's mix of Q4_K and Q6_K */
 	uint64_t seed;
 } GenShape;
 
@@ -155,6 +156,22 @@ static void blocks_fill(uint32_t t, Rng *r, float s, uint8_t *out, size_t n)
 		}
 		break;
 	}
+	case WTYPE_Q6_K: {
+		/*
+		 * x = d sc (q - 32) per 16-value group, q uniform in 0..63
+		 * (mean 31.5, variance 341.25), sc uniform in 32..63.
+		 */
+		BlockQ6_K *b = (BlockQ6_K *)out;
+		float base = s / sqrtf(2341.5f * 341.25f);
+		for (size_t i = 0; i < n; i++) {
+			rng_bytes(r, b[i].ql, sizeof(b[i].ql));
+			rng_bytes(r, b[i].qh, sizeof(b[i].qh));
+			for (int j = 0; j < QK_K / 16; j++)
+				b[i].scales[j] = (int8_t)(32 + (rng_next(r) & 31));
+			b[i].d = jitter_half(r, base);
+		}
+		break;
+	}
 	default:
 		abort(); /* gen_parse_type() admits only the types above */
 	}
@@ -178,6 +195,12 @@ static char *gen_add(GenTensor *out, size_t *n, uint32_t type, uint64_t cols, ui
 	return t->name;
 }
 
+/* llama.cpp's use_more_bits(): the layers whose attn_v and ffn_down Q4_K_M keeps in Q6_K. */
+static bool more_bits(int il, int n)
+{
+	return il < n / 8 || il >= 7 * n / 8 || (il - n / 8) % 3 == 2;
+}
+
 /* The tensor list of a llama model, in file order (3 + 9 * n_layers); returns the count. */
 static size_t gen_tensors(const GenShape *g, GenTensor *out)
 {
@@ -192,15 +215,16 @@ static size_t gen_tensors(const GenShape *g, GenTensor *out)
 		snprintf(gen_add(out, &n, WTYPE_F32, dim, 1, true), sz, "blk.%d.attn_norm.weight", il);
 		snprintf(gen_add(out, &n, t, dim, qdim, false), sz, "blk.%d.attn_q.weight", il);
 		snprintf(gen_add(out, &n, t, dim, kvdim, false), sz, "blk.%d.attn_k.weight", il);
-		snprintf(gen_add(out, &n, t, dim, kvdim, false), sz, "blk.%d.attn_v.weight", il);
+		uint32_t tv = g->q4_k_m && more_bits(il, g->n_layers) ? WTYPE_Q6_K : t;
+		snprintf(gen_add(out, &n, tv, dim, kvdim, false), sz, "blk.%d.attn_v.weight", il);
 		snprintf(gen_add(out, &n, t, qdim, dim, false), sz, "blk.%d.attn_output.weight", il);
 		snprintf(gen_add(out, &n, WTYPE_F32, dim, 1, true), sz, "blk.%d.ffn_norm.weight", il);
 		snprintf(gen_add(out, &n, t, dim, ff, false), sz, "blk.%d.ffn_gate.weight", il);
 		snprintf(gen_add(out, &n, t, dim, ff, false), sz, "blk.%d.ffn_up.weight", il);
-		snprintf(gen_add(out, &n, t, ff, dim, false), sz, "blk.%d.ffn_down.weight", il);
+		snprintf(gen_add(out, &n, tv, ff, dim, false), sz, "blk.%d.ffn_down.weight", il);
 	}
 	snprintf(gen_add(out, &n, WTYPE_F32, dim, 1, true), sz, "output_norm.weight");
-	snprintf(gen_add(out, &n, t, dim, vocab, false), sz, "output.weight");
+	snprintf(gen_add(out, &n, g->q4_k_m ? WTYPE_Q6_K : t, dim, vocab, false), sz, "output.weight");
 	return n;
 }
 
@@ -315,14 +339,17 @@ static int gen_tokenizer(GgufWriter *w, int n_vocab)
 	return 0;
 }
 
-/* llama.cpp's general.file_type of an all-`t` file. */
-static uint32_t gen_file_type(uint32_t t)
+/* llama.cpp's general.file_type (llama_ftype) of an all-`t` file, or of Q4_K_M. */
+static uint32_t gen_file_type(const GenShape *g)
 {
-	switch (t) {
+	if (g->q4_k_m)
+		return 15;
+	switch (g->type) {
 	case WTYPE_F32: return 0;
 	case WTYPE_F16: return 1;
 	case WTYPE_Q4_0: return 2;
 	case WTYPE_Q8_0: return 7;
+	case WTYPE_Q6_K: return 18;
 	default: return 14; /* Q4_K_S */
 	}
 }
@@ -334,10 +361,10 @@ static int gen_metadata(GgufWriter *w, const GenShape *g)
 
 	snprintf(name, sizeof(name), "turbokv gen-model llama L%d D%d H%d/%d F%d V%d %s seed %llu",
 		 g->n_layers, g->dim, g->n_heads, g->n_kv_heads, g->ff_dim, g->n_vocab,
-		 wtype_name(g->type), (unsigned long long)g->seed);
+		 g->q4_k_m ? "Q4_K_M" : wtype_name(g->type), (unsigned long long)g->seed);
 	if ((r = gguf_writer_add_str(w, "general.architecture", "llama")) ||
 	    (r = gguf_writer_add_str(w, "general.name", name)) ||
-	    (r = gguf_writer_add_u32(w, "general.file_type", gen_file_type(g->type))) ||
+	    (r = gguf_writer_add_u32(w, "general.file_type", gen_file_type(g))) ||
 	    (r = gguf_writer_add_u32(w, "llama.block_count", (uint32_t)g->n_layers)) ||
 	    (r = gguf_writer_add_u32(w, "llama.context_length", (uint32_t)g->n_ctx)) ||
 	    (r = gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)g->dim)) ||
@@ -373,24 +400,31 @@ static void usage(FILE *f)
 		"      --head-dim N    per-head width (default D / H)\n"
 		"      --ff F          feed-forward width\n"
 		"      --vocab V       vocabulary size (at least %d)\n"
-		"      --type TYPE     F32, F16, Q8_0, Q4_0 or Q4_K (default Q4_K); rows are whole\n"
-		"                      blocks: D, H * head-dim and F multiples of 32 for Q8_0 and\n"
-		"                      Q4_0, of 256 for Q4_K\n"
+		"      --type TYPE     F32, F16, Q8_0, Q4_0, Q4_K, Q6_K or Q4_K_M (default Q4_K);\n"
+		"                      Q4_K_M is llama.cpp's mix: Q4_K, with output and the attn_v\n"
+		"                      and ffn_down of some layers in Q6_K. Rows are whole blocks:\n"
+		"                      D, H * head-dim and F multiples of 32 for Q8_0 and Q4_0,\n"
+		"                      of 256 for the K types\n"
 		"      --ctx N         context_length metadata (default 8192)\n"
 		"      --seed N        weight seed (default 1)\n"
 		"  -o, --output FILE   where to write (via FILE.tmp, renamed when complete)\n",
 		N_FIXED_TOKENS);
 }
 
-static int gen_parse_type(const char *s, uint32_t *ret)
+static int gen_parse_type(const char *s, GenShape *g)
 {
-	static const uint32_t types[] = { WTYPE_F32, WTYPE_F16, WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_K };
+	static const uint32_t types[] = { WTYPE_F32, WTYPE_F16, WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_K, WTYPE_Q6_K };
+	g->q4_k_m = strcasecmp(s, "Q4_K_M") == 0;
+	if (g->q4_k_m) {
+		g->type = WTYPE_Q4_K;
+		return 0;
+	}
 	for (size_t i = 0; i < ARRAY_SIZE(types); i++)
 		if (strcasecmp(s, wtype_name(types[i])) == 0) {
-			*ret = types[i];
+			g->type = types[i];
 			return 0;
 		}
-	fprintf(stderr, "turbokv-lab: --type: '%s' is not one of F32, F16, Q8_0, Q4_0, Q4_K\n", s);
+	fprintf(stderr, "turbokv-lab: --type: '%s' is not one of F32, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q4_K_M\n", s);
 	return -1;
 }
 
@@ -482,7 +516,7 @@ static int gen_parse(int argc, char **argv, GenShape *g, const char **ret_path)
 		INT_OPT(OPT_CTX, "--ctx", n_ctx, 1, 1 << 24)
 #undef INT_OPT
 		case OPT_TYPE:
-			if (gen_parse_type(optarg, &g->type) < 0)
+			if (gen_parse_type(optarg, g) < 0)
 				return -1;
 			break;
 		case OPT_SEED: {
@@ -558,7 +592,7 @@ int cmd_genmodel(int argc, char **argv)
 	printf("wrote %s: llama, %d layers, dim %d, %d heads (%d kv, head_dim %d), ff %d, vocab %d, "
 	       "%s, %zu tensors, %.2f GiB of weights in %.1f s (%.0f MiB/s)\n",
 	       path, g.n_layers, g.dim, g.n_heads, g.n_kv_heads, g.head_dim, g.ff_dim, g.n_vocab,
-	       wtype_name(g.type), n_tensors, (double)total / (1 << 30), secs,
+	       g.q4_k_m ? "Q4_K_M" : wtype_name(g.type), n_tensors, (double)total / (1 << 30), secs,
 	       secs > 0 ? (double)total / (1 << 20) / secs : 0.0);
 	return LAB_EXIT_OK;
 
