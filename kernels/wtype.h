@@ -219,11 +219,18 @@ size_t wtype_row_bytes(uint32_t t, uint64_t n);
  */
 void wtype_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
 
+/* How a MatmulWeight's rows are laid out in memory. */
+enum {
+	MATMUL_LAYOUT_ROWS = 0, /* row-major, as in GGUF */
+	MATMUL_LAYOUT_X4 = 1,   /* groups of 4 rows, blocks interleaved (kernels/cpu/repack.h) */
+};
+
 /*
  * A weight matrix as every backend's matmul reads it: W (rows, cols) of
  * type, row-major, row r at data + r * row_stride (wtype_row_bytes(type,
- * cols) bytes). data is host memory (the GGUF mapping) or, after a
- * backend's upload_weight(), that backend's memory.
+ * cols) bytes), unless layout says otherwise (the CPU backend's repacked
+ * copies). data is host memory (the GGUF mapping) or, after a backend's
+ * upload_weight(), that backend's memory.
  */
 typedef struct MatmulWeight {
 	const void *data;
@@ -231,4 +238,5 @@ typedef struct MatmulWeight {
 	int64_t rows;         /* output features */
 	int64_t cols;         /* input features (multiple of the block size) */
 	size_t row_stride;    /* bytes between rows */
+	uint32_t layout;      /* MATMUL_LAYOUT_*: ROWS unless a backend repacked it */
 } MatmulWeight;

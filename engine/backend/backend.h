@@ -9,8 +9,9 @@
  * cross between host and backend.
  *
  * A backend is a BackendOps table. The CPU backend (backend_cpu.c) calls
- * kernels/cpu directly and has no state: its memory is host memory and its
- * weights stay in the GGUF mapping. The CUDA backend
+ * kernels/cpu directly and has no state: its memory is host memory; its
+ * weights stay in the GGUF mapping, except the types it repacks at upload
+ * (kernels/cpu/repack.h), whose copies replace the mapped pages. The CUDA backend
  * (engine/backend/backend_cuda.c) uploads each weight once and runs every op
  * on the device's stream; its KV caches are kernels/cuda's CudaKv.
  *
@@ -63,6 +64,12 @@ typedef struct BackendOps {
 	 * backend until it is freed, on return. The CPU leaves it as is.
 	 */
 	int (*upload_weight)(Backend *b, MatmulWeight *w);
+	/*
+	 * Optional: give back what upload_weight() made of w, when the
+	 * backend frees weights one by one (the CPU's repacked copies);
+	 * model_free() calls it once per uploaded weight.
+	 */
+	void (*release_weight)(Backend *b, MatmulWeight *w);
 	/* The same for a vector of n floats (norm weights, biases). */
 	int (*upload_vector)(Backend *b, const float **v, int64_t n);
 

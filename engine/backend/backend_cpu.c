@@ -1,9 +1,11 @@
 /*
  * backend_cpu.c: the CPU backend, host memory and kernels/cpu.
  *
- * Stateless: weights stay in the GGUF mapping, buffers are malloc'd, and
- * every op is the kernels/cpu function the forward pass called before
- * there were backends, so CPU results are unchanged by the interface.
+ * Stateless: weights stay in the GGUF mapping, except those the tiled
+ * prefill kernels want repacked (kernels/cpu/repack.h: Q4_K, groups of 4
+ * rows), which upload_weight() copies once into the interleaved layout and
+ * release_weight() frees; buffers are malloc'd, and every op is a
+ * kernels/cpu function.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/kv/kvstore.h"
+#include "kernels/cpu/repack.h"
 #include "kernels/wtype.h"
 
 static void cpu_free(Backend *b)
@@ -38,9 +41,24 @@ static int cpu_copy(Backend *b, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
+/* Repack what has a tile kernel; the rest is read in place from the mapping. */
 static int cpu_upload_weight(Backend *b, MatmulWeight *w)
 {
-	return 0; /* read in place from the mapping */
+	MatmulWeight packed;
+	if (!repack_supported(w))
+		return 0;
+	int r = repack_weight(w, &packed);
+	if (r < 0)
+		return r;
+	*w = packed;
+	return 0;
+}
+
+static void cpu_release_weight(Backend *b, MatmulWeight *w)
+{
+	if (w->layout != MATMUL_LAYOUT_ROWS)
+		free((void *)w->data);
+	w->data = NULL;
 }
 
 static int cpu_upload_vector(Backend *b, const float **v, int64_t n)
@@ -50,9 +68,11 @@ static int cpu_upload_vector(Backend *b, const float **v, int64_t n)
 
 static int cpu_embed(Backend *b, const MatmulWeight *emb, const int32_t *tokens, int64_t n, float *x)
 {
+	_cleanup_(freep) void *row = emb->layout == MATMUL_LAYOUT_ROWS ? NULL : malloc(emb->row_stride);
+	if (emb->layout != MATMUL_LAYOUT_ROWS && !row)
+		return -ENOMEM;
 	for (int64_t i = 0; i < n; i++)
-		wtype_dequantize_row(emb->type, (const uint8_t *)emb->data + (size_t)tokens[i] * emb->row_stride,
-				     x + i * emb->cols, emb->cols);
+		wtype_dequantize_row(emb->type, repack_row(emb, tokens[i], row), x + i * emb->cols, emb->cols);
 	return 0;
 }
 
@@ -140,6 +160,7 @@ static const BackendOps cpu_ops = {
 	.upload = cpu_copy,
 	.download = cpu_copy,
 	.upload_weight = cpu_upload_weight,
+	.release_weight = cpu_release_weight,
 	.upload_vector = cpu_upload_vector,
 	.embed = cpu_embed,
 	.rmsnorm = cpu_rmsnorm,

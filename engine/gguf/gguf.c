@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/gguf/gguf.h"
 #include "kernels/wtype.h"
@@ -733,6 +734,17 @@ Gguf *gguf_free(Gguf *g)
 		munmap(g->map, g->size);
 	free(g);
 	return NULL;
+}
+
+void gguf_release_range(const Gguf *g, const void *p, size_t n)
+{
+	uintptr_t lo = (uintptr_t)p, hi = lo + n, mlo = (uintptr_t)g->map, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	if (!g->map || n == 0 || lo < mlo || hi > mlo + g->size || hi < lo)
+		return;
+	lo = (lo + page - 1) & ~(page - 1);
+	hi &= ~(page - 1);
+	if (hi > lo)
+		(void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: failure changes nothing */
 }
 
 /* ---- accessors ---- */

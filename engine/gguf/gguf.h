@@ -107,6 +107,15 @@ int gguf_open_memory(const void *data, size_t size, Gguf **ret, Error *err);
 Gguf *gguf_free(Gguf *g);
 DEFINE_FREEP(Gguf, gguf_free)
 
+/*
+ * The bytes [p, p + n) of the mapping will not be read again soon (a
+ * backend holds its own copy): the whole pages inside go back to the
+ * kernel (MADV_DONTNEED), so the copy replaces them in memory instead of
+ * adding to it; a later read maps them in again from the file. Nothing
+ * happens for an in-memory image or a range outside the mapping.
+ */
+void gguf_release_range(const Gguf *g, const void *p, size_t n);
+
 uint32_t gguf_version(const Gguf *g);
 size_t gguf_file_size(const Gguf *g);
 uint32_t gguf_alignment(const Gguf *g);

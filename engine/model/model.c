@@ -296,10 +296,17 @@ static int upload_weights(Model *m, Error *err)
 	bool tied = m->output.data == m->tok_embd.data;
 	int r;
 
+	/* A weight the backend copied gives its mapped pages back. */
 #define UPLOAD_W(w, what) \
-	if ((r = b->ops->upload_weight(b, &(w)))) \
-		return error_set(err, r, "%s: uploading %s failed (%s)", backend_name(b), what, \
-				 r == -ENOMEM ? "out of memory" : "device error");
+	{ \
+		const void *mapped = (w).data; \
+		if ((r = b->ops->upload_weight(b, &(w)))) \
+			return error_set(err, r, "%s: uploading %s failed (%s)", backend_name(b), what, \
+					 r == -ENOMEM ? "out of memory" : "device error"); \
+		if ((w).data != mapped) \
+			gguf_release_range(m->gguf, mapped, (size_t)(w).rows * (w).row_stride); \
+		m->n_uploaded++; \
+	}
 #define UPLOAD_V(v, n, what) \
 	if ((v) && (r = b->ops->upload_vector(b, &(v), n))) \
 		return error_set(err, r, "%s: uploading %s failed (%s)", backend_name(b), what, \
@@ -378,10 +385,33 @@ int model_load(const char *path, Model **ret, Error *err)
 	return model_load_on(path, backend_cpu(), ret, err);
 }
 
+/* Hand back what upload_weights() got from the backend (the first
+ * n_uploaded weights, in its order; a tied output is tok_embd's). */
+static void release_weights(Model *m)
+{
+	Backend *b = m->backend;
+	size_t n = m->n_uploaded;
+	if (!b || !b->ops->release_weight || n == 0)
+		return;
+	bool tied = m->output.data == m->tok_embd.data;
+	b->ops->release_weight(b, &m->tok_embd);
+	if (--n && !tied) {
+		b->ops->release_weight(b, &m->output);
+		n--;
+	}
+	for (int il = 0; n > 0 && il < m->cfg.n_layers; il++) {
+		LayerWeights *w = &m->layers[il];
+		MatmulWeight *ws[] = { &w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down };
+		for (size_t i = 0; n > 0 && i < ARRAY_SIZE(ws); i++, n--)
+			b->ops->release_weight(b, ws[i]);
+	}
+}
+
 Model *model_free(Model *m)
 {
 	if (!m)
 		return NULL;
+	release_weights(m);
 	for (size_t i = 0; i < m->n_owned; i++)
 		free(m->owned[i]);
 	free(m->owned);

@@ -76,6 +76,7 @@ typedef struct Model {
 	LayerWeights *layers;   /* (n_layers,) */
 	float **owned;          /* small tensors converted to f32 at load */
 	size_t n_owned;
+	size_t n_uploaded;      /* weights handed to backend->upload_weight, for release */
 } Model;
 
 /*

@@ -9,9 +9,13 @@
  * weights, kept in L1) over all tokens, VEC_DOT_MAX_NY tokens per kernel
  * call where the type has a multi-row kernel.
  *
+ * Weights the CPU backend repacked (layout X4, repack.h) go through tile
+ * kernels instead: 4 rows x up to 4 tokens per call, the rows' blocks read
+ * as one stream.
+ *
  * Owns the choice of kernel (AVX2 or reference, per call, from
- * cpu_features()); the kernels themselves live in vec_dot_*.c and
- * quant_act*.c.
+ * cpu_features()); the kernels themselves live in vec_dot_*.c,
+ * repack*.c and quant_act*.c.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -22,6 +26,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant_act.h"
+#include "kernels/cpu/repack.h"
 #include "kernels/cpu/vec_dot.h"
 #include "kernels/wtype.h"
 
@@ -37,6 +42,7 @@ typedef struct MatmulKernels {
 	bool simd;
 	VecDotFn dot;
 	VecDotMultiFn multi; /* NULL: loop over dot */
+	RepackTileFn tile;   /* layout X4: the only kernel (dot and multi NULL) */
 } MatmulKernels;
 
 /* One weight of a group and where its chunks sit in the shared count. */
@@ -86,6 +92,16 @@ static int kernels_pick(const MatmulWeight *w, bool allow_simd, MatmulKernels *r
 		return -EINVAL;
 
 	*ret = (MatmulKernels){ .act_type = act, .simd = allow_simd && simd_usable() };
+	if (w->layout == MATMUL_LAYOUT_X4) {
+		if (w->rows % REPACK_GROUP != 0)
+			return -EINVAL;
+		ret->tile = ret->simd ? repack_tile_avx2_get(w->type) : NULL;
+		if (!ret->tile)
+			ret->tile = repack_tile_ref_get(w->type);
+		return ret->tile ? 0 : -EINVAL;
+	}
+	if (w->layout != MATMUL_LAYOUT_ROWS)
+		return -EINVAL;
 	if (ret->simd) {
 		ret->dot = vec_dot_avx2_get(w->type);
 		ret->multi = vec_dot_avx2_multi_get(w->type);
@@ -100,12 +116,38 @@ static inline const void *weight_row(const MatmulWeight *w, int64_t r)
 	return (const char *)w->data + (size_t)r * w->row_stride;
 }
 
+/* Rows [r0, r1) (multiples of 4) of a repacked W against all tokens:
+ * MATMUL_TILE_ROWS rows stay in cache while every token goes past. */
+static void matmul_rows_tiled(const MatmulCtx *c, const MatmulPart *p, int64_t r0, int64_t r1)
+{
+	const MatmulWeight *w = p->w;
+	const char *act = c->act;
+	int64_t rows = w->rows;
+	size_t group_bytes = REPACK_GROUP * w->row_stride;
+
+	for (int64_t t0 = r0; t0 < r1; t0 += MATMUL_TILE_ROWS) {
+		int64_t t1 = MIN(t0 + MATMUL_TILE_ROWS, r1);
+		for (int64_t tok = 0; tok < c->n_tok; tok += REPACK_MAX_NT) {
+			int nt = (int)MIN((int64_t)REPACK_MAX_NT, c->n_tok - tok);
+			for (int64_t r = t0; r < t1; r += REPACK_GROUP)
+				p->k.tile(w->cols, (const char *)w->data + (size_t)(r / REPACK_GROUP) * group_bytes,
+					  act + (size_t)tok * c->act_stride, c->act_stride, nt, p->y + tok * rows + r,
+					  (size_t)rows);
+		}
+	}
+}
+
 /* Rows [r0, r1) of one part's W against all tokens. */
 static void matmul_rows(const MatmulCtx *c, const MatmulPart *p, int64_t r0, int64_t r1)
 {
 	const MatmulWeight *w = p->w;
 	const char *act = c->act;
 	int64_t rows = w->rows, n = w->cols;
+
+	if (p->k.tile) {
+		matmul_rows_tiled(c, p, r0, r1);
+		return;
+	}
 
 	if (c->n_tok == 1) {
 		if (p->k.multi)
@@ -278,12 +320,15 @@ int matmul_ref(const MatmulWeight *w, const float *x, float *y, int64_t n_tok)
 	size_t stride = k.act_type == WTYPE_F32 ? (size_t)w->cols * sizeof(float)
 						: wtype_row_bytes((uint32_t)k.act_type, (uint64_t)w->cols);
 	_cleanup_(freep) void *act = malloc(stride);
-	if (!act)
+	_cleanup_(freep) void *row = malloc(w->row_stride);
+	if (!act || !row)
 		return -ENOMEM;
+	if (!k.dot)
+		k.dot = vec_dot_ref_get(w->type); /* a repacked W: its rows gathered back */
 	for (int64_t t = 0; t < n_tok; t++) {
 		quant_act_row((uint32_t)k.act_type, x + t * w->cols, act, w->cols, false);
 		for (int64_t r0 = 0; r0 < w->rows; r0++)
-			k.dot(w->cols, &y[t * w->rows + r0], weight_row(w, r0), act);
+			k.dot(w->cols, &y[t * w->rows + r0], repack_row(w, r0, row), act);
 	}
 	return 0;
 }
@@ -302,6 +347,13 @@ float matmul_row_dot(const MatmulWeight *w, int64_t row, const float *x)
 	if (!act)
 		return __builtin_nanf("");
 	quant_act_row((uint32_t)k.act_type, x, act, w->cols, k.simd);
+	if (k.tile) {
+		float y4[REPACK_GROUP];
+		size_t group_bytes = REPACK_GROUP * w->row_stride;
+		k.tile(w->cols, (const char *)w->data + (size_t)(row / REPACK_GROUP) * group_bytes, act, stride, 1,
+		       y4, REPACK_GROUP);
+		return y4[row % REPACK_GROUP];
+	}
 	k.dot(w->cols, &s, weight_row(w, row), act);
 	return s;
 }

@@ -17,6 +17,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant_act.h"
+#include "kernels/cpu/repack.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vec_dot.h"
 #include "kernels/wtype.h"
@@ -567,6 +568,113 @@ START_TEST(test_act_types)
 }
 END_TEST
 
+/*
+ * Repacked Q4_K (layout X4): the layout holds the same rows (gathered back
+ * byte for byte), the AVX2 tile kernel equals the reference tile within
+ * float rounding for 1..4 tokens, and matmul() over the repacked copy
+ * equals matmul_ref() over the row-major original for 1..3 threads (the
+ * scalar path bit for bit).
+ */
+START_TEST(test_repack_q4_K)
+{
+	uint32_t t = WTYPE_Q4_K;
+	uint64_t rng = test_seed() ^ 0x5000u;
+	const int64_t rows_list[] = { 4, 12, 40 };
+	const int64_t cols_list[] = { 256, 2304, 2048 };
+	const int64_t toks[] = { 1, 3, 4, 9 };
+	RepackTileFn ref = repack_tile_ref_get(t), fast = simd_available() ? repack_tile_avx2_get(t) : NULL;
+
+	ck_assert_ptr_nonnull(ref);
+	if (!fast)
+		fprintf(stderr, "repack Q4_K: no AVX2 tile kernel checked\n");
+	for (size_t ri = 0; ri < 3; ri++) {
+		int64_t rows = rows_list[ri], cols = cols_list[ri];
+		size_t stride = wtype_row_bytes(t, (uint64_t)cols);
+		uint8_t *w = weights_random(t, rows, cols, stride, &rng);
+		MatmulWeight mw = { .data = w, .type = t, .rows = rows, .cols = cols, .row_stride = stride }, px;
+		ck_assert(repack_supported(&mw));
+		ck_assert_int_eq(repack_weight(&mw, &px), 0);
+		ck_assert_int_eq(px.layout, MATMUL_LAYOUT_X4);
+		ck_assert(!repack_supported(&px));
+		uint8_t *row = malloc(stride);
+		for (int64_t r = 0; r < rows; r++)
+			ck_assert_mem_eq(repack_row(&px, r, row), w + (size_t)r * stride, stride);
+		free(row);
+
+		for (size_t ti = 0; ti < 4; ti++) {
+			int64_t n_tok = toks[ti];
+			float *x = acts_random(n_tok * cols, &rng);
+			float *yr = malloc((size_t)(n_tok * rows) * sizeof(float));
+			float *y = malloc((size_t)(n_tok * rows) * sizeof(float));
+			double *abs_sum = abs_sums(t, w, stride, rows, cols, x, n_tok);
+			ck_assert_int_eq(matmul_ref(&mw, x, yr, n_tok), 0);
+
+			/* the tile kernels on the first group, up to 4 tokens */
+			size_t as = wtype_row_bytes(WTYPE_Q8_K, (uint64_t)cols);
+			int nt = (int)(n_tok < REPACK_MAX_NT ? n_tok : REPACK_MAX_NT);
+			uint8_t *act = malloc(as * (size_t)nt);
+			for (int j = 0; j < nt; j++)
+				quant_act_row(WTYPE_Q8_K, x + j * cols, act + (size_t)j * as, cols, false);
+			float tr[REPACK_MAX_NT * REPACK_GROUP], tf[REPACK_MAX_NT * REPACK_GROUP];
+			ref(cols, px.data, act, as, nt, tr, REPACK_GROUP);
+			for (int j = 0; j < nt; j++)
+				for (int i = 0; i < REPACK_GROUP; i++)
+					ck_assert_mem_eq(&tr[j * REPACK_GROUP + i], &yr[j * rows + i], sizeof(float));
+			if (fast) {
+				fast(cols, px.data, act, as, nt, tf, REPACK_GROUP);
+				for (int j = 0; j < nt; j++)
+					for (int i = 0; i < REPACK_GROUP; i++)
+						ck_assert_msg(fabs(tf[j * REPACK_GROUP + i] - tr[j * REPACK_GROUP + i]) <=
+								      1e-5 * abs_sum[j * rows + i] + 1e-30,
+							      "tile cols=%ld nt=%d row %d tok %d: avx2 %.9g ref %.9g",
+							      (long)cols, nt, i, j, tf[j * REPACK_GROUP + i],
+							      tr[j * REPACK_GROUP + i]);
+			}
+			free(act);
+
+			for (int nth = 1; nth <= 3; nth++) {
+				ThreadPool *tp = NULL;
+				ck_assert_int_eq(threadpool_new(nth, &tp), 0);
+				for (int64_t i = 0; i < n_tok * rows; i++)
+					y[i] = NAN;
+				ck_assert_int_eq(matmul(tp, &px, x, y, n_tok), 0);
+				for (int64_t i = 0; i < n_tok * rows; i++)
+					ck_assert_msg(fabs(y[i] - yr[i]) <= 1e-5 * abs_sum[i] + 1e-30,
+						      "repacked rows=%ld n_tok=%ld nth=%d out %ld: %.9g vs ref %.9g",
+						      (long)rows, (long)n_tok, nth, (long)i, y[i], yr[i]);
+				cpu_features_disable_simd(true);
+				ck_assert_int_eq(matmul(tp, &px, x, y, n_tok), 0);
+				cpu_features_disable_simd(false);
+				ck_assert_mem_eq(y, yr, (size_t)(n_tok * rows) * sizeof(float));
+				threadpool_free(tp);
+			}
+			for (int64_t r = 0; r < rows; r += 3) {
+				float s = matmul_row_dot(&px, r, x);
+				ck_assert_msg(fabs(s - yr[r]) <= 1e-5 * abs_sum[r] + 1e-30, "row_dot %ld: %g vs %g",
+					      (long)r, s, yr[r]);
+			}
+			float *y2 = malloc((size_t)(n_tok * rows) * sizeof(float));
+			ck_assert_int_eq(matmul_ref(&px, x, y2, n_tok), 0);
+			ck_assert_mem_eq(y2, yr, (size_t)(n_tok * rows) * sizeof(float));
+			free(y2);
+			free(x);
+			free(y);
+			free(yr);
+			free(abs_sum);
+		}
+		free((void *)px.data);
+		free(w);
+	}
+	/* what is not repacked */
+	uint8_t blk[2 * 144] = { 0 };
+	MatmulWeight odd = { .data = blk, .type = t, .rows = 2, .cols = 256, .row_stride = 144 }, out;
+	ck_assert(!repack_supported(&odd));
+	ck_assert_int_eq(repack_weight(&odd, &out), -EINVAL);
+	MatmulWeight q8 = { .data = blk, .type = WTYPE_Q8_0, .rows = 4, .cols = 32, .row_stride = 34 };
+	ck_assert(!repack_supported(&q8));
+}
+END_TEST
+
 /* TURBOKV_NO_SIMD=1 turns the fast paths off from the first query on;
  * needs a fresh process, so only under Check's default fork mode. */
 START_TEST(test_no_simd_env)
@@ -601,6 +709,7 @@ int main(void)
 	tcase_add_loop_test(tm, test_matmul_threads, 0, N_TYPES);
 	tcase_add_test(tm, test_matmul_group);
 	tcase_add_test(tm, test_matmul_rejects);
+	tcase_add_test(tm, test_repack_q4_K);
 	suite_add_tcase(s, tq);
 	suite_add_tcase(s, tv);
 	suite_add_tcase(s, tm);
