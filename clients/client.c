@@ -841,7 +841,12 @@ static int generate_msg_build(TkvClient *c, const TkvRequest *req, uint64_t id, 
 	gm->m.generate = g;
 	g->request_id = id;
 	g->max_tokens = req->max_tokens;
-	g->context_policy = (Turbokv__V1__ContextPolicy)req->context_policy;
+	if ((unsigned)req->context_policy > TKV_CONTEXT_ERROR_SET)
+		return fail(err, TKV_E_INVALID_ARGUMENT, 0, "context_policy: %d is not a policy", (int)req->context_policy);
+	g->context_policy = req->context_policy == TKV_CONTEXT_ERROR_SET
+			    ? TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_ERROR
+			    : (Turbokv__V1__ContextPolicy)req->context_policy;
+	g->context_policy_set = req->context_policy != TKV_CONTEXT_ERROR;
 	g->session = (char *)(req->session ? req->session : "");
 
 	if (req->n_messages > 0) {

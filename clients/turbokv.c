@@ -262,6 +262,7 @@ typedef struct GenOpts {
 	TkvAttachment files[MAX_FILES];
 	size_t n_files;
 	uint32_t max_tokens;
+	TkvContextPolicy on_overflow; /* TKV_CONTEXT_ERROR: none given */
 	TkvSampling sampling;
 	bool json;
 } GenOpts;
@@ -273,6 +274,7 @@ enum {
 	OPT_GREEDY,
 	OPT_SEED,
 	OPT_JSON,
+	OPT_ON_OVERFLOW,
 };
 
 static const struct option gen_options[] = {
@@ -286,6 +288,7 @@ static const struct option gen_options[] = {
 	{ "seed", required_argument, NULL, OPT_SEED },
 	{ "socket", required_argument, NULL, OPT_SOCKET },
 	{ "json", no_argument, NULL, OPT_JSON },
+	{ "on-overflow", required_argument, NULL, OPT_ON_OVERFLOW },
 	{ 0 },
 };
 
@@ -342,6 +345,14 @@ static int gen_opts_parse(const char *cmd, int argc, char **argv, GenOpts *o, vo
 		case OPT_JSON:
 			o->json = true;
 			break;
+		case OPT_ON_OVERFLOW:
+			if (strcmp(optarg, "error") == 0)
+				o->on_overflow = TKV_CONTEXT_ERROR_SET;
+			else if (strcmp(optarg, "drop-oldest") == 0)
+				o->on_overflow = TKV_CONTEXT_TRUNCATE_OLDEST;
+			else
+				return usage_error(cmd, "invalid --on-overflow '%s' (error or drop-oldest)", optarg);
+			break;
 		default:
 			return usage_error(cmd, "invalid usage of '%s'", cmd);
 		}
@@ -370,7 +381,11 @@ static void ask_help(void)
 	       "  -f, --file PATH       attach a text document (sealed memfd); repeatable, up to 16\n"
 	       "  -s, --session NAME    continue (or create) the named session\n"
 	       "      --system TEXT     system prompt\n"
-	       "  -n, --max-tokens N    at most N answer tokens (0: no limit)\n"
+	       "  -n, --max-tokens N    at most N answer tokens (0: the daemon's limit, 1024\n"
+	       "                        unless configured)\n"
+	       "      --on-overflow error|drop-oldest  when the conversation outgrows the context:\n"
+	       "                        refuse (exit code of CONTEXT_OVERFLOW), or drop its oldest\n"
+	       "                        turns; a session keeps the choice (default: the daemon's)\n"
 	       "      --temp T          sampling temperature (0: greedy)\n"
 	       "      --greedy          always the most likely token\n"
 	       "      --seed S          sampler seed, for reproducible answers\n"
@@ -440,6 +455,7 @@ static int cmd_ask(int argc, char **argv)
 	req.n_attachments = o.n_files;
 	req.sampling = o.sampling.set || o.sampling.greedy ? &o.sampling : NULL;
 	req.max_tokens = o.max_tokens;
+	req.context_policy = o.on_overflow;
 	req.session = o.session;
 
 	sigint_install();
@@ -488,7 +504,8 @@ static void chat_help(void)
 	       "  -s, --session NAME    continue (or create) the named session\n"
 	       "      --system TEXT     system prompt\n"
 	       "  -f, --file PATH       attach a document to the first turn; repeatable\n"
-	       "  -n, --max-tokens N    at most N tokens per answer\n"
+	       "  -n, --max-tokens N    at most N tokens per answer (0: the daemon's limit)\n"
+	       "      --on-overflow error|drop-oldest  as for 'turbokv ask'\n"
 	       "      --temp T, --greedy, --seed S   sampling, as for 'turbokv ask'\n"
 	       "      --socket PATH     daemon socket\n"
 	       "  -h, --help            this help\n");
@@ -598,6 +615,7 @@ static int cmd_chat(int argc, char **argv)
 		req.n_messages = o.session ? h.n - sent : h.n;
 		req.session = o.session;
 		req.max_tokens = o.max_tokens;
+		req.context_policy = o.on_overflow;
 		req.sampling = o.sampling.set || o.sampling.greedy ? &o.sampling : NULL;
 		if (first) {
 			req.attachments = o.files;
@@ -640,6 +658,7 @@ static const struct option simple_options[] = {
 	{ "help", no_argument, NULL, 'h' },
 	{ "socket", required_argument, NULL, OPT_SOCKET },
 	{ "json", no_argument, NULL, OPT_JSON },
+	{ "on-overflow", required_argument, NULL, OPT_ON_OVERFLOW },
 	{ 0 },
 };
 

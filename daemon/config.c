@@ -18,7 +18,7 @@
 
 typedef enum Key {
 	KEY_MODEL, KEY_KV, KEY_DEVICE, KEY_THREADS, KEY_CTX, KEY_SOCKET, KEY_STATE_DIR,
-	KEY_SESSION_MEMORY, KEY_SESSION_MAX, KEY_SESSION_DISK, KEY_CLIENT_BUFFER, KEY_CONNECTIONS_PER_USER, KEY_IDLE_TIMEOUT, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
+	KEY_SESSION_MEMORY, KEY_SESSION_MAX, KEY_SESSION_DISK, KEY_CLIENT_BUFFER, KEY_CONNECTIONS_PER_USER, KEY_IDLE_TIMEOUT, KEY_ANSWER_TOKENS, KEY_ON_OVERFLOW, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
 } Key;
 
 /* Name as flag (--name), file key (name) and environment (TURBOKV_NAME, '-' as '_'). */
@@ -28,6 +28,7 @@ static const char *const key_names[_KEY_MAX] = {
 	[KEY_STATE_DIR] = "state-dir", [KEY_SESSION_MEMORY] = "session-memory",
 	[KEY_CLIENT_BUFFER] = "client-buffer",
 	[KEY_CONNECTIONS_PER_USER] = "connections-per-user", [KEY_IDLE_TIMEOUT] = "idle-timeout",
+	[KEY_ANSWER_TOKENS] = "answer-tokens", [KEY_ON_OVERFLOW] = "on-overflow",
 	[KEY_SESSION_MAX] = "session-max", [KEY_SESSION_DISK] = "session-disk",
 	[KEY_CONFIG] = "config", [KEY_HELP] = "help", [KEY_VERSION] = "version",
 };
@@ -53,6 +54,11 @@ void config_usage(void)
 	       "  --connections-per-user N  connections one user may hold (1..256, default 32)\n"
 	       "  --idle-timeout SEC     close connections idle this long (0: never; default 1800);\n"
 	       "                         a connection must say Hello within min(10, SEC) s\n"
+	       "  --answer-tokens N      answer limit of a request that sets none (0: until the\n"
+	       "                         context is full; default 1024); it ends with reason LENGTH\n"
+	       "  --on-overflow error|drop-oldest  what a request or session that chose no context\n"
+	       "                         policy does when it would not fit: refuse (default) or drop\n"
+	       "                         the oldest turns\n"
 	       "  --config FILE          read key=value settings from FILE\n"
 	       "  --help, --version\n\n"
 	       "Each setting may also come from TURBOKV_<NAME> in the environment\n"
@@ -183,6 +189,17 @@ static int config_set(Config *c, Key key, const char *value, const char *where, 
 					 where, value);
 		c->idle_timeout_s = (unsigned)v;
 		break;
+	case KEY_ANSWER_TOKENS:
+		if (parse_int(value, 0, CONFIG_ANSWER_TOKENS_MAX, &v) < 0)
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not an integer in [0, %u]", where, value,
+					 CONFIG_ANSWER_TOKENS_MAX);
+		c->answer_tokens = (uint32_t)v;
+		break;
+	case KEY_ON_OVERFLOW:
+		if (strcmp(value, "error") != 0 && strcmp(value, "drop-oldest") != 0)
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not one of error, drop-oldest", where, value);
+		c->drop_oldest = strcmp(value, "drop-oldest") == 0;
+		break;
 	case KEY_CONFIG:
 		r = set_string(&c->config_path, value);
 		break;
@@ -293,6 +310,7 @@ static int config_defaults(Config *c)
 	c->client_buffer = 256u * 1024;
 	c->connections_per_user = CONFIG_CONNECTIONS_PER_USER_DEFAULT;
 	c->idle_timeout_s = CONFIG_IDLE_TIMEOUT_DEFAULT_S;
+	c->answer_tokens = CONFIG_ANSWER_TOKENS_DEFAULT;
 	model_default_path(buf, sizeof(buf));
 	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, KV_DEFAULT_SPEC) < 0)
 		return -ENOMEM;
@@ -338,6 +356,8 @@ int config_load(Config *c, int argc, char **argv, Error *err)
 		{ "session-disk", required_argument, NULL, KEY_SESSION_DISK },
 		{ "connections-per-user", required_argument, NULL, KEY_CONNECTIONS_PER_USER },
 		{ "idle-timeout", required_argument, NULL, KEY_IDLE_TIMEOUT },
+		{ "answer-tokens", required_argument, NULL, KEY_ANSWER_TOKENS },
+		{ "on-overflow", required_argument, NULL, KEY_ON_OVERFLOW },
 		{ "config", required_argument, NULL, KEY_CONFIG },
 		{ "help", no_argument, NULL, KEY_HELP },
 		{ "version", no_argument, NULL, KEY_VERSION },

@@ -19,6 +19,10 @@
  *   --client-buffer B  client-buffer=B     TURBOKV_CLIENT_BUFFER   bytes, 4K..64M (connection.h)
  *   --connections-per-user N  (same key)  TURBOKV_CONNECTIONS_PER_USER  1..256 (32; bounds.h)
  *   --idle-timeout S   idle-timeout=S      TURBOKV_IDLE_TIMEOUT    seconds, 0 never (1800; bounds.h)
+ *   --answer-tokens N  answer-tokens=N     TURBOKV_ANSWER_TOKENS   answer limit of a request without
+ *                                          max_tokens, 0..2^24, 0 none (1024)
+ *   --on-overflow P    on-overflow=P       TURBOKV_ON_OVERFLOW     error | drop-oldest: the context
+ *                                          policy of requests and sessions that choose none (error)
  *   --config FILE      -                   TURBOKV_CONFIG
  *
  * The config file holds `key = value` lines; blank lines and lines
@@ -57,6 +61,8 @@ typedef struct Config {
 	uint64_t client_buffer;  /* bytes of replies held for a client before its requests pause */
 	unsigned connections_per_user; /* connections one uid may hold */
 	unsigned idle_timeout_s; /* a connection with nothing in flight is closed after this; 0: never */
+	uint32_t answer_tokens;  /* max_tokens of a request that gives none; 0: until the context is full */
+	bool drop_oldest;        /* --on-overflow drop-oldest: the default policy is CONTEXT_POLICY_TRUNCATE_OLDEST */
 	char *config_path;
 	bool help;
 	bool version;
@@ -67,6 +73,8 @@ typedef struct Config {
 #define CONFIG_MAX_CONNECTIONS 256u             /* = MANAGER_MAX_CONNECTIONS (bounds.h) */
 #define CONFIG_CONNECTIONS_PER_USER_DEFAULT 32u
 #define CONFIG_IDLE_TIMEOUT_DEFAULT_S 1800u
+#define CONFIG_ANSWER_TOKENS_DEFAULT 1024u
+#define CONFIG_ANSWER_TOKENS_MAX (1u << 24) /* = PROTOCOL_MAX_MAX_TOKENS */
 
 /* Positive codes of this module. */
 enum {

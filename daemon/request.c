@@ -247,8 +247,12 @@ static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att,
 		if (r == 0 && ret_turns) {
 			if ((r = chat_turns_take(chat, texts, n, ret_turns)) < 0)
 				error_set(err, r, "out of memory");
-			else
+			else {
+				/* the turn the attachments went into stays when older turns are dropped */
+				for (size_t i = 0; i < n && att->len > 0; i++)
+					(*ret_turns)[i].pinned = i == last_user || (extra && i == n - 1);
 				*ret_n_turns = n;
+			}
 		}
 	} else
 		error_set(err, r, "out of memory");
@@ -257,13 +261,18 @@ static int chat_build(Manager *m, const Turbokv__V1__Chat *chat, const Buf *att,
 	return r;
 }
 
-/* Tokenize the request's input (and attachments) into r->tokens, BOS first if wanted. */
+/*
+ * Tokenize the request's input (and attachments, read from fds, or att_in
+ * when given) into r->tokens, BOS first if wanted; of a chat session's
+ * messages those r->drop marks are left out.
+ */
 static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate *g, const int *fds,
-			    Error *err)
+			    const Buf *att_in, Error *err)
 {
 	Buf att = { 0 };
 	_cleanup_(freep) char *text = NULL;
 	_cleanup_(freep) uint8_t *is_content = NULL;
+	_cleanup_(freep) SessionMessage *kept = NULL; /* borrowed texts: the session's messages not dropped */
 	size_t len;
 	int k;
 
@@ -280,18 +289,35 @@ static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate 
 	}
 	if (st && !chat)
 		n_prev = st->n_tokens;
-	if ((k = attachments_read(m, g, fds, &att, err)) != 0)
+	if (att_in)
+		att = *att_in; /* borrowed: not freed here */
+	else if ((k = attachments_read(m, g, fds, &att, err)) != 0)
 		goto out;
 	if (chat) {
-		if ((k = chat_build(m, g->chat, &att, st ? st->messages : NULL, st ? st->n_messages : 0, &text,
-				    &is_content, r->session ? (SessionMessage **)&r->turns : NULL, &r->n_turns,
-				    err)) != 0)
+		size_t n_kept = 0;
+		if (st && st->n_messages && !(kept = calloc_array(st->n_messages, sizeof(*kept)))) {
+			k = error_set(err, -ENOMEM, "out of memory");
+			goto out;
+		}
+		for (size_t i = 0; r->drop && i < r->n_drop; i++)
+			if (!r->drop[i])
+				kept[n_kept++] = st->messages[i];
+		if (!r->drop && kept)
+			memcpy(kept, st->messages, (n_kept = st->n_messages) * sizeof(*kept));
+		if ((k = chat_build(m, g->chat, &att, kept, n_kept, &text, &is_content,
+				    r->session ? (SessionMessage **)&r->turns : NULL, &r->n_turns, err)) != 0)
 			goto out;
 		len = strlen(text);
 	} else {
-		Buf raw = att;
-		att = (Buf){ 0 };
-		if ((k = buf_append(&raw, g->raw_prompt.data ? g->raw_prompt.data : (const uint8_t *)"",
+		Buf raw = { 0 };
+		if (att_in)
+			k = att.len ? buf_append(&raw, att.data, att.len) : 0; /* borrowed: copied */
+		else {
+			raw = att;
+			att = (Buf){ 0 };
+			k = 0;
+		}
+		if (k < 0 || (k = buf_append(&raw, g->raw_prompt.data ? g->raw_prompt.data : (const uint8_t *)"",
 				    g->raw_prompt.len)) < 0) {
 			buf_done(&raw);
 			error_set(err, k, "out of memory");
@@ -341,32 +367,164 @@ static int request_tokenize(Request *r, Manager *m, const Turbokv__V1__Generate 
 	r->n_prompt = r->n_tokens = n_prev + n + bos;
 	k = 0;
 out:
+	if (!att_in)
+		buf_done(&att);
+	return k;
+}
+
+/* Prompt tokens a request must leave for its answer when older turns are dropped. */
+static int64_t request_reserve(const Request *r, const Manager *m)
+{
+	int64_t want = r->max_tokens ? (int64_t)r->max_tokens : 1;
+	return MAX(1, MIN(want, m->n_ctx / 2));
+}
+
+/*
+ * CONTEXT_POLICY_TRUNCATE_OLDEST: mark the next whole oldest turn of the
+ * session to drop: its first message that is neither a system message,
+ * pinned nor dropped already, and the assistant answers right after it.
+ * Returns false when nothing more may be dropped.
+ */
+static bool request_drop_turn(Request *r, const SessionState *st)
+{
+	size_t i = 0;
+	while (i < r->n_drop && (r->drop[i] || st->messages[i].role == SESSION_ROLE_SYSTEM || st->messages[i].pinned))
+		i++;
+	if (i == r->n_drop)
+		return false;
+	r->drop[i++] = 1;
+	while (i < r->n_drop && st->messages[i].role == SESSION_ROLE_ASSISTANT && !st->messages[i].pinned)
+		r->drop[i++] = 1;
+	return true;
+}
+
+/* Forget the prompt built by request_tokenize() (to build it again with fewer turns). */
+static void request_untokenize(Request *r)
+{
+	for (size_t i = 0; i < r->n_turns; i++)
+		free(r->turns[i].text);
+	free(r->turns);
+	r->turns = NULL;
+	r->n_turns = 0;
+	free(r->tokens);
+	r->tokens = NULL;
+	r->n_prompt = r->n_tokens = r->cap = 0;
+}
+
+/*
+ * Build the prompt; with CONTEXT_POLICY_TRUNCATE_OLDEST drop whole oldest
+ * turns (chat sessions) or the oldest tokens after BOS (raw sessions)
+ * until the prompt leaves request_reserve() tokens, counting the dropped
+ * prompt tokens in r->n_dropped.
+ */
+static int request_build_prompt(Request *r, Manager *m, const Turbokv__V1__Generate *g, const int *fds,
+				Error *err)
+{
+	const SessionState *st = r->session ? session_state(r->session) : NULL;
+	int64_t limit = m->n_ctx - request_reserve(r, m);
+	bool chat = g->input_case == TURBOKV__V1__GENERATE__INPUT_CHAT;
+	Buf att = { 0 };
+	int k;
+
+	if (r->policy != TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST || !st)
+		return request_tokenize(r, m, g, fds, NULL, err);
+	if ((k = attachments_read(m, g, fds, &att, err)) != 0)
+		goto out;
+	if (chat && st->n_messages) {
+		r->n_drop = st->n_messages;
+		if (!(r->drop = calloc(r->n_drop, 1))) {
+			k = error_set(err, -ENOMEM, "out of memory");
+			goto out;
+		}
+	}
+	size_t first = 0;
+	for (;;) {
+		if ((k = request_tokenize(r, m, g, fds, &att, err)) != 0)
+			goto out;
+		if (!first)
+			first = r->n_prompt;
+		if ((int64_t)r->n_prompt <= limit)
+			break;
+		if (!chat) {
+			/* raw: the oldest tokens after BOS go, only the session's (never the new text's) */
+			bool bos = st->n_tokens > 0 && tokenizer_add_bos(m->tokenizer) &&
+				   st->tokens[0] == tokenizer_bos(m->tokenizer);
+			size_t avail = st->n_tokens - bos, cut = MIN(avail, (size_t)((int64_t)r->n_prompt - limit));
+			memmove(r->tokens + bos, r->tokens + bos + cut, (r->n_prompt - bos - cut) * sizeof(int32_t));
+			r->n_prompt = r->n_tokens = r->n_prompt - cut;
+			break;
+		}
+		if (!r->drop || !request_drop_turn(r, st))
+			break;
+		request_untokenize(r);
+	}
+	r->n_dropped = first - r->n_prompt;
+	k = 0;
+out:
 	buf_done(&att);
 	return k;
 }
 
-/* Refuse a prompt that does not fit, never truncate it. */
+/*
+ * Refuse a prompt that does not fit, never truncate it here: a prompt
+ * that leaves no room for one answer token, or (CONTEXT_POLICY_ERROR) an
+ * explicit max_tokens beyond the room. The daemon's default answer limit
+ * refuses nothing: such an answer ends at the context's end (LENGTH).
+ */
 static int request_check_context(Request *r, Manager *m, const Turbokv__V1__Generate *g, Error *err)
 {
 	int64_t room = m->n_ctx - (int64_t)r->n_prompt;
+	bool truncate = r->policy == TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST;
+	char how[160] = "";
+
 	if (r->n_prompt == 0)
 		return error_set(err, PROTOCOL_E_BAD_MESSAGE, "the prompt is empty");
-	/* TRUNCATE_OLDEST is not implemented: refused wherever ERROR would refuse, nothing dropped. */
-	if (room >= 1 && (g->context_policy == TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_STOP_AT_LIMIT ||
-			  g->max_tokens == 0 || (int64_t)g->max_tokens <= room))
+	if (room >= 1 && (r->policy != TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_ERROR || g->max_tokens == 0 ||
+			  (int64_t)g->max_tokens <= room))
 		return 0;
-	if (g->context_policy == TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST)
-		return error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW,
-				 "the prompt (%zu tokens) and max_tokens (%u) do not fit the context of %lld tokens; "
-				 "CONTEXT_POLICY_TRUNCATE_OLDEST is not implemented by this daemon, nothing was dropped",
-				 r->n_prompt, g->max_tokens, (long long)m->n_ctx);
+	if (truncate)
+		snprintf(how, sizeof(how), "%s", r->session
+			 ? "; only the system prompt, turns holding attachments and this request's turns are left: "
+			   "shorten the question or start a new session"
+			 : "; a request without a session has no older turns to drop: shorten it");
+	else if (r->session)
+		snprintf(how, sizeof(how), "; use --on-overflow drop-oldest (CONTEXT_POLICY_TRUNCATE_OLDEST) to drop "
+			 "the oldest turns, or start a new session");
+	else if (room < 1)
+		snprintf(how, sizeof(how), "; shorten the prompt");
+	else
+		snprintf(how, sizeof(how), "; ask for fewer tokens");
 	if (room < 1)
 		return error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW,
-				 "the prompt has %zu tokens; the context holds %lld (and one more is needed to answer)",
-				 r->n_prompt, (long long)m->n_ctx);
+				 "the prompt has %zu tokens; the context holds %lld (and one more is needed to answer)%s",
+				 r->n_prompt, (long long)m->n_ctx, how);
 	return error_set(err, PROTOCOL_E_CONTEXT_OVERFLOW,
-			 "the prompt (%zu tokens) plus max_tokens (%u) exceed the context of %lld tokens",
-			 r->n_prompt, g->max_tokens, (long long)m->n_ctx);
+			 "the prompt (%zu tokens) plus max_tokens (%u) exceed the context of %lld tokens; nothing was "
+			 "dropped%s", r->n_prompt, g->max_tokens, (long long)m->n_ctx, how);
+}
+
+/* The policy a request runs with: its own, else its session's, else the daemon's --on-overflow. */
+static void request_policy(Request *r, Manager *m, const Turbokv__V1__Generate *g)
+{
+	const SessionState *st = r->session ? session_state(r->session) : NULL;
+	static const SessionPolicy stored[] = {
+		[TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_ERROR] = SESSION_POLICY_ERROR,
+		[TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST] = SESSION_POLICY_DROP_OLDEST,
+		[TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_STOP_AT_LIMIT] = SESSION_POLICY_STOP_AT_LIMIT,
+	};
+
+	if (g->context_policy != TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_ERROR || g->context_policy_set) {
+		r->policy = g->context_policy; /* validated by protocol.c */
+		r->store_policy = stored[g->context_policy];
+	} else if (st && st->policy != SESSION_POLICY_NONE)
+		r->policy = st->policy == SESSION_POLICY_DROP_OLDEST
+			    ? TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST
+			    : st->policy == SESSION_POLICY_STOP_AT_LIMIT
+			    ? TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_STOP_AT_LIMIT
+			    : TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_ERROR;
+	else
+		r->policy = m->config->drop_oldest ? TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST
+						   : TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_ERROR;
 }
 
 static int request_sampling(Request *r, const Turbokv__V1__Sampling *s)
@@ -432,12 +590,14 @@ int request_new_consume_fds(Manager *m, Connection *c, const Turbokv__V1__Genera
 	r->conn = c;
 	r->id = g->request_id;
 	r->state = REQUEST_QUEUED;
-	r->max_tokens = g->max_tokens;
+	/* no max_tokens: the daemon's answer limit (config.h) */
+	r->max_tokens = g->max_tokens ? g->max_tokens : m->config->answer_tokens;
 	r->t_received = now_ns();
 	if (g->session && g->session[0] &&
 	    (k = sessions_acquire(m->sessions, c->cred.uid, g->session, &r->session, err)) != 0)
 		goto out;
-	if ((k = request_tokenize(r, m, g, fds, err)) != 0 || (k = request_check_context(r, m, g, err)) != 0)
+	request_policy(r, m, g);
+	if ((k = request_build_prompt(r, m, g, fds, err)) != 0 || (k = request_check_context(r, m, g, err)) != 0)
 		goto out;
 	if ((k = request_sampling(r, g->sampling)) < 0 || (k = request_copy_stops(r, g)) < 0) {
 		error_set(err, k, "out of memory");
@@ -495,8 +655,9 @@ static void request_session_release(Request *r)
 		} else
 			free(answer);
 	}
+	SessionRelease how = { .drop = r->drop, .n_drop = r->n_drop, .policy = r->store_policy };
 	sessions_release(m->sessions, TAKE_PTR(r->session), TAKE_PTR(r->kv), r->tokens, r->n_tokens,
-			 (SessionKind)r->session_kind, turns, n_turns);
+			 (SessionKind)r->session_kind, turns, n_turns, &how);
 }
 
 Request *request_free(Request *r)
@@ -513,6 +674,7 @@ Request *request_free(Request *r)
 	for (size_t i = 0; i < r->n_turns; i++)
 		free(r->turns[i].text);
 	free(r->turns);
+	free(r->drop);
 	kvcache_free(r->kv);
 	sampler_free(r->sampler);
 	free(r->logits);
@@ -595,6 +757,7 @@ static void request_send_done(Request *r, Turbokv__V1__FinishReason reason)
 	d.prompt_tokens = (uint32_t)r->n_prompt;
 	d.cached_tokens = (uint32_t)r->n_cached;
 	d.completion_tokens = r->n_generated;
+	d.dropped_tokens = r->n_dropped;
 	d.prefill_ms = r->prefill_ns / 1e6;
 	d.decode_ms = r->decode_ns / 1e6;
 	d.ttft_ms = r->t_first_token ? (r->t_first_token - r->t_received) / 1e6 : 0.0;
@@ -615,10 +778,18 @@ static int request_finish(Request *r, Turbokv__V1__FinishReason reason)
 	return 1;
 }
 
+/* The answer reached the end of the context: LENGTH, as an answer limit (STOP_AT_LIMIT: CONTEXT_FULL). */
+static int request_finish_full(Request *r)
+{
+	return request_finish(r, r->policy == TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_STOP_AT_LIMIT
+				 ? TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL
+				 : TURBOKV__V1__FINISH_REASON__FINISH_REASON_LENGTH);
+}
+
 static int request_fail(Request *r, int k)
 {
 	if (k == MODEL_E_CONTEXT)
-		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
+		return request_finish_full(r);
 	/* the device's own words go to the log, not to the client */
 	log_error("request %llu: evaluation failed (%d) on %s %s", (unsigned long long)r->id, k,
 		  r->manager->device_name, backend_last_error(r->manager->backend));
@@ -636,7 +807,7 @@ int request_decode_input(Request *r, int32_t *ret_token)
 {
 	assert(r->state == REQUEST_DECODE && r->n_tokens > r->n_prompt);
 	if (kvcache_n_tokens(r->kv) >= r->kv->shape.capacity)
-		return request_finish(r, TURBOKV__V1__FINISH_REASON__FINISH_REASON_CONTEXT_FULL);
+		return request_finish_full(r);
 	*ret_token = r->tokens[r->n_tokens - 1];
 	return 0;
 }

@@ -26,13 +26,24 @@
  * holding U+0000 are refused (ATTACHMENT_NOT_UTF8, BAD_MESSAGE), never
  * cut short.
  *
- * Context: a prompt that does not fit the context, or (with
- * CONTEXT_POLICY_ERROR and max_tokens > 0) that leaves less than
- * max_tokens of room, is refused with CONTEXT_OVERFLOW before anything
- * runs. Nothing is ever truncated: CONTEXT_POLICY_TRUNCATE_OLDEST is not
- * implemented, and a request with it is refused with CONTEXT_OVERFLOW
- * exactly where CONTEXT_POLICY_ERROR would refuse it (the message names
- * the policy); one that fits runs normally (Done.dropped_tokens 0).
+ * Answers: a request without max_tokens gets the daemon's --answer-tokens
+ * (1024); an answer that reaches its limit or the end of the context ends
+ * with FINISH_REASON_LENGTH (CONTEXT_FULL with STOP_AT_LIMIT), and its
+ * session keeps it and goes on.
+ *
+ * Context: the policy is the request's (when it gives one:
+ * context_policy_set, or a policy other than ERROR), else the one its
+ * session stored, else --on-overflow. A prompt that leaves no room for an
+ * answer token, or (CONTEXT_POLICY_ERROR) an explicit max_tokens beyond
+ * the room, is refused with CONTEXT_OVERFLOW before anything runs,
+ * nothing dropped, the message saying how to go on. With
+ * CONTEXT_POLICY_TRUNCATE_OLDEST a session drops whole oldest turns (a
+ * user message and the answers after it; never a system message, never a
+ * pinned turn, one that held attachments, never the new turns), a raw
+ * session its oldest tokens after BOS, until the prompt leaves
+ * min(max_tokens, context / 2) tokens for the answer; the kept prompt is
+ * prefilled again past the common prefix, Done.dropped_tokens counts what
+ * went, and the session forgets the dropped turns.
  *
  * Sessions: a Generate naming a session continues it. A chat session
  * keeps its messages (the assistant's answers as generated text): the
@@ -73,7 +84,12 @@ struct Request {
 	int32_t *tokens;        /* (n_tokens,) prompt, then output */
 	size_t n_prompt, n_tokens, cap;
 	size_t n_prefilled;
-	uint32_t max_tokens;    /* 0: until the context is full */
+	uint32_t max_tokens;    /* Generate.max_tokens, else the daemon's --answer-tokens; 0: until the context is full */
+	int policy;             /* Turbokv__V1__ContextPolicy in effect (the request's, the session's or the daemon's) */
+	int store_policy;       /* SessionPolicy the session keeps after this request (NONE: unchanged) */
+	uint32_t n_dropped;     /* prompt tokens dropped by TRUNCATE_OLDEST (Done.dropped_tokens) */
+	uint8_t *drop;          /* (n_drop,) non-zero: the session's message i is dropped (TRUNCATE_OLDEST) */
+	size_t n_drop;
 	uint32_t n_generated;
 	SamplerParams sampling;
 

@@ -806,8 +806,22 @@ static void turns_free(SessionMessage *turns, size_t n)
 	free(turns);
 }
 
+/* Remove the messages drop marks (drop covers the first n_drop messages). */
+static void state_drop_messages(SessionState *st, const uint8_t *drop, size_t n_drop)
+{
+	size_t j = 0;
+	for (size_t i = 0; i < st->n_messages; i++) {
+		if (i < n_drop && drop[i]) {
+			free(st->messages[i].text);
+			continue;
+		}
+		st->messages[j++] = st->messages[i];
+	}
+	st->n_messages = j;
+}
+
 void sessions_release(Sessions *ss, Session *s, KvCache *kv, const int32_t *tokens, size_t n_tokens,
-		      SessionKind kind, SessionMessage *turns, size_t n_turns)
+		      SessionKind kind, SessionMessage *turns, size_t n_turns, const SessionRelease *how)
 {
 	size_t index = 0;
 	assert(s->busy);
@@ -838,6 +852,10 @@ void sessions_release(Sessions *ss, Session *s, KvCache *kv, const int32_t *toke
 		goto fail;
 	s->state = NULL;
 	int32_t *t = malloc_array(n_tokens ? n_tokens : 1, sizeof(int32_t));
+	if (t && how && how->drop)
+		state_drop_messages(st, how->drop, MIN(how->n_drop, st->n_messages));
+	if (how && how->policy != SESSION_POLICY_NONE)
+		st->policy = how->policy;
 	if (!t || state_append_turns(st, turns, n_turns) < 0) {
 		free(t);
 		session_state_free(st);

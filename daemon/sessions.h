@@ -114,15 +114,23 @@ const SessionState *session_state(const Session *s);
 /* Take the KV cache out of an acquired session (NULL if it has none). */
 KvCache *session_take_kv(Session *s);
 
+/* What else a request that ran changes in its session (sessions_release). */
+typedef struct SessionRelease {
+	const uint8_t *drop;  /* NULL, or (n_drop,) non-zero: the session's message i was dropped (TRUNCATE_OLDEST) */
+	size_t n_drop;        /* the session's n_messages when the request began */
+	SessionPolicy policy; /* SESSION_POLICY_NONE: keep the stored one */
+} SessionRelease;
+
 /*
  * End the use of an acquired session. With kv (consumed) the request ran:
  * tokens (n_tokens, copied) are the conversation's ids, the first
  * kvcache_n_tokens(kv) of them in the cache; kind and turns (consumed,
- * may be NULL) are appended to its messages. Without kv nothing changes
+ * may be NULL) are appended to its messages, after the messages how->drop
+ * marks are removed, and how->policy is stored. Without kv nothing changes
  * (a new session that never ran is forgotten).
  */
 void sessions_release(Sessions *ss, Session *s, KvCache *kv, const int32_t *tokens, size_t n_tokens,
-		      SessionKind kind, SessionMessage *turns, size_t n_turns);
+		      SessionKind kind, SessionMessage *turns, size_t n_turns, const SessionRelease *how);
 
 /* Save every dirty session that is not busy, now, on this thread (shutdown). */
 void sessions_save_all(Sessions *ss);

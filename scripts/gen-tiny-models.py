@@ -4,7 +4,8 @@
 Tiny random-weight models that reach the forward-pass paths the default
 model does not (qwen2 biases and NEOX rope, a separate output head, linear
 rope scaling, rope_freqs factors, F32/F16/BF16 and K-quant weights, no
-GQA, key_length != dim / n_heads), each with the logits of an exact
+GQA, key_length != dim / n_heads, qwen3's Q/K head norms, gemma3's
+scaled embeddings, post-norms, GELU FFN and local/global layers), each with the logits of an exact
 float64 numpy forward pass over the weights as stored (dequantized with
 gguf-py), and a few small broken files for the loader's error paths.
 
@@ -87,6 +88,16 @@ MODELS = [
     dict(name="llama-kquant", arch="llama", n_layers=2, dim=256, n_heads=4, n_kv_heads=2,
          head_dim=32, ff=256, vocab=256, ctx=128, eps=1e-5, base=10000.0, tied=True,
          rope_freqs=True, types=llama_kquant_types),
+    # qwen3: F32, per-head Q/K RMSNorm, no biases, NEOX rope, separate head, GQA 2
+    dict(name="qwen3-f32", arch="qwen3", n_layers=2, dim=64, n_heads=4, n_kv_heads=2,
+         head_dim=16, ff=96, vocab=256, ctx=128, eps=1e-6, base=1e6, tied=False,
+         qk_norm=True, types=qwen2_f32_types),
+    # gemma3: F32, head_dim 32 on 2 heads with 1 kv head, embeddings x sqrt(dim),
+    # Q/K head norms, post-attention and post-ffw norms, GELU-tanh FFN, tied head;
+    # 6 layers: 5 local (RoPE base 10000), 1 global (base 1e6); window 16 >= 12 tokens
+    dict(name="gemma3-f32", arch="gemma3", n_layers=6, dim=64, n_heads=2, n_kv_heads=1,
+         head_dim=32, ff=96, vocab=256, ctx=128, eps=1e-6, base=1e6, tied=True,
+         qk_norm=True, gemma=True, window=16, types=qwen2_f32_types),
 ]
 
 # ---- K-quant quantizers (gguf-py 0.19.0 only dequantizes Q4_K / Q6_K) ------
@@ -215,6 +226,12 @@ def make_weights(cfg, rng):
             w[p + "attn_q.bias"] = 0.5 * rng.standard_normal(qdim)
             w[p + "attn_k.bias"] = 0.5 * rng.standard_normal(kvdim)
             w[p + "attn_v.bias"] = 0.2 * rng.standard_normal(kvdim)
+        if cfg.get("qk_norm"):
+            w[p + "attn_q_norm.weight"] = norm(cfg["head_dim"])
+            w[p + "attn_k_norm.weight"] = norm(cfg["head_dim"])
+        if cfg.get("gemma"):
+            w[p + "post_attention_norm.weight"] = norm(dim)
+            w[p + "post_ffw_norm.weight"] = norm(dim)
         w[p + "ffn_norm.weight"] = norm(dim)
         w[p + "ffn_gate.weight"] = mat(ff, dim)
         w[p + "ffn_up.weight"] = mat(ff, dim)
@@ -250,6 +267,8 @@ def write_model(path, cfg, weights, arch=None, drop=(), reshape=None, extra_kv=N
     if cfg.get("linear"):
         wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         wr.add_rope_scaling_factor(cfg["linear"])
+    if cfg.get("window"):
+        wr.add_sliding_window(cfg["window"])
     if extra_kv:
         extra_kv(wr)
     if tokenizer:
@@ -288,11 +307,12 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x) + eps) * w
 
 
-def rope(v, pos, cfg, neox, freq_scale, factors):
+def rope(v, pos, cfg, neox, freq_scale, factors, base=None):
     """Rotate v (n_heads, head_dim) for position pos."""
     n_rot = cfg["head_dim"]
     half = n_rot // 2
-    inv = cfg["base"] ** (-2.0 * np.arange(half) / n_rot) * freq_scale / factors
+    base = cfg["base"] if base is None else base
+    inv = base ** (-2.0 * np.arange(half) / n_rot) * freq_scale / factors
     c, s = np.cos(pos * inv), np.sin(pos * inv)
     out = v.copy()
     ia = np.arange(half) if neox else 2 * np.arange(half)
@@ -327,8 +347,12 @@ def act_q8_k(x):
 ACT_QUANT = {T.Q8_0: act_q8_0, T.Q4_0: act_q8_0, T.Q4_K: act_q8_k, T.Q6_K: act_q8_k}
 
 
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
 def forward(cfg, w, tokens, neox=None, freq_scale=None, use_factors=True, use_biases=True,
-            head=None, actq=False):
+            head=None, actq=False, use_qk_norm=True, local_base=True, gelu=True):
     """Logits (n, vocab) of every position, causal, float64.
 
     actq: round the input of each product with quantized weights to int8
@@ -344,14 +368,21 @@ def forward(cfg, w, tokens, neox=None, freq_scale=None, use_factors=True, use_bi
                     if w[name].ndim == 2 and cfg["types"](name) in ACT_QUANT}
     nh, nkv, hd = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
     eps = cfg["eps"]
-    neox = cfg["arch"] == "qwen2" if neox is None else neox
+    neox = cfg["arch"] != "llama" if neox is None else neox
+    gemma = cfg.get("gemma", False)
     if freq_scale is None:
         freq_scale = 1.0 / cfg["linear"] if cfg.get("linear") else 1.0
     factors = w["rope_freqs.weight"] if use_factors and "rope_freqs.weight" in w else 1.0
     n = len(tokens)
     x = w["token_embd.weight"][tokens].copy()             # (n, dim)
+    if gemma:
+        x *= np.sqrt(cfg["dim"])
     for il in range(cfg["n_layers"]):
         p = f"blk.{il}."
+        # gemma3: 5 local layers (base 10000, window) then 1 global
+        local = gemma and il % 6 != 5
+        base = 10000.0 if local and local_base else cfg["base"]
+        win = cfg["window"] if local else None
         ks, vs = [], []
         att = np.zeros((n, nh * hd))
         for t in range(n):
@@ -363,22 +394,35 @@ def forward(cfg, w, tokens, neox=None, freq_scale=None, use_factors=True, use_bi
                 q = q + w[p + "attn_q.bias"]
                 k = k + w[p + "attn_k.bias"]
                 v = v + w[p + "attn_v.bias"]
-            q = rope(q.reshape(nh, hd), t, cfg, neox, freq_scale, factors)
-            ks.append(rope(k.reshape(nkv, hd), t, cfg, neox, freq_scale, factors))
+            q, k = q.reshape(nh, hd), k.reshape(nkv, hd)
+            if use_qk_norm and p + "attn_q_norm.weight" in w:
+                q = np.stack([rmsnorm(r, w[p + "attn_q_norm.weight"], eps) for r in q])
+                k = np.stack([rmsnorm(r, w[p + "attn_k_norm.weight"], eps) for r in k])
+            q = rope(q, t, cfg, neox, freq_scale, factors, base)
+            ks.append(rope(k, t, cfg, neox, freq_scale, factors, base))
             vs.append(v.reshape(nkv, hd))
             K, V = np.stack(ks), np.stack(vs)               # (t+1, nkv, hd)
+            if win is not None:                             # positions t - win + 1 .. t
+                K, V = K[max(0, t - win + 1):], V[max(0, t - win + 1):]
             for hh in range(nh):
                 g = hh // (nh // nkv)
                 sc = K[:, g, :] @ q[hh] / np.sqrt(hd)
                 pr = np.exp(sc - sc.max())
                 pr /= pr.sum()
                 att[t, hh * hd:(hh + 1) * hd] = pr @ V[:, g, :]
-        x = x + np.stack([mm(p + "attn_output.weight", a) for a in att])
+        o = np.stack([mm(p + "attn_output.weight", a) for a in att])
+        if gemma:
+            o = np.stack([rmsnorm(r, w[p + "post_attention_norm.weight"], eps) for r in o])
+        x = x + o
         for t in range(n):
             h = rmsnorm(x[t], w[p + "ffn_norm.weight"], eps)
             g = mm(p + "ffn_gate.weight", h)
             u = mm(p + "ffn_up.weight", h)
-            x[t] = x[t] + mm(p + "ffn_down.weight", g / (1.0 + np.exp(-g)) * u)
+            a = gelu_tanh(g) * u if gemma and gelu else g / (1.0 + np.exp(-g)) * u
+            f = mm(p + "ffn_down.weight", a)
+            if gemma:
+                f = rmsnorm(f, w[p + "post_ffw_norm.weight"], eps)
+            x[t] = x[t] + f
     if head is not None:
         return np.stack([head @ rmsnorm(x[t], w["output_norm.weight"], eps) for t in range(n)])
     out = "output.weight" if "output.weight" in w else "token_embd.weight"
@@ -401,7 +445,12 @@ def write_logits(path, cfg, logits, logits_actq, sens):
 
 def sensitivities(cfg, w, ref, raw):
     """Max |change| of the logits when one detail of the math is altered."""
-    out = [("rope_pairing", forward(cfg, w, TOKENS, neox=cfg["arch"] != "qwen2"))]
+    out = [("rope_pairing", forward(cfg, w, TOKENS, neox=cfg["arch"] == "llama"))]
+    if cfg.get("qk_norm"):
+        out.append(("qk_norm", forward(cfg, w, TOKENS, use_qk_norm=False)))
+    if cfg.get("gemma"):
+        out.append(("local_rope_base", forward(cfg, w, TOKENS, local_base=False)))
+        out.append(("gelu", forward(cfg, w, TOKENS, gelu=False)))
     if cfg.get("linear"):
         out.append(("rope_scaling", forward(cfg, w, TOKENS, freq_scale=1.0)))
     if "rope_freqs.weight" in w:

@@ -149,6 +149,15 @@ static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, c
 	return send_text(conn, status, "application/json", body, NULL);
 }
 
+/* Send j (reference stolen; NULL: out of memory). */
+static enum MHD_Result send_json_value(struct MHD_Connection *conn, unsigned status, json_t *j)
+{
+	char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	if (j)
+		json_decref(j);
+	return send_json(conn, status, body);
+}
+
 static enum MHD_Result send_error(struct MHD_Connection *conn, bool openai, unsigned status,
 				  const char *type, const char *param, const char *code, const char *msg)
 {
@@ -456,9 +465,11 @@ static enum MHD_Result serve_generate(Gateway *gw, Exchange *x, struct MHD_Conne
 	if (req->n_messages == 0 && !req->raw_prompt) {
 		/* Ollama: a request without messages or prompt only loads the model. */
 		TkvResult none = { .finish_reason = TKV_FINISH_STOP };
-		char *body = j->stream ? reply_stream_end(&j->ctx, &none) : reply_whole(&j->ctx, &none, "", 0);
+		bool stream = j->stream;
+		char *body = stream ? reply_stream_end(&j->ctx, &none) : reply_whole(&j->ctx, &none, "", 0);
 		job_free(j);
-		return send_text(conn, 200, "application/x-ndjson", body, ignored);
+		return send_text(conn, 200, stream ? "application/x-ndjson" : "application/json", body,
+				 ignored);
 	}
 	r = tkv_client_connect(gw->cfg.daemon_socket, CLIENT_NAME, &j->client, &err);
 	if (r != 0) {
@@ -538,8 +549,8 @@ static enum MHD_Result serve_info(Gateway *gw, Exchange *x, struct MHD_Connectio
 	int r = tkv_client_connect(gw->cfg.daemon_socket, CLIENT_NAME, &c, &err);
 	if (r != 0) {
 		if (x->route == ROUTE_HEALTH)
-			return send_json(conn, 503, json_dumps(json_pack("{s:s,s:s}", "status", "unavailable",
-									  "error", err.message), JSON_COMPACT));
+			return send_json_value(conn, 503, json_pack("{s:s,s:s}", "status", "unavailable",
+								    "error", err.message));
 		return send_tkv_error(conn, x->openai, r, &err);
 	}
 	const TkvServerInfo *si = tkv_client_server_info(c);
@@ -581,7 +592,7 @@ static enum MHD_Result serve_info(Gateway *gw, Exchange *x, struct MHD_Connectio
 		break;
 	}
 	tkv_client_free(c);
-	return send_json(conn, 200, j ? json_dumps(j, JSON_COMPACT) : NULL);
+	return send_json_value(conn, 200, j);
 }
 
 /* ------------------------------------------------------------------------ */

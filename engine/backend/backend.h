@@ -101,6 +101,13 @@ typedef struct BackendOps {
 	int (*swiglu)(Backend *b, float *gate, const float *up, int64_t n);
 	/* x (n,) += y (n,) */
 	int (*add)(Backend *b, float *x, const float *y, int64_t n);
+	/*
+	 * Optional (gemma3 needs them; a model that needs one refuses to load
+	 * on a backend without it): gate (n,) = gelu_tanh(gate) * up, and
+	 * x (n,) *= s.
+	 */
+	int (*geglu)(Backend *b, float *gate, const float *up, int64_t n);
+	int (*scale)(Backend *b, float *x, float s, int64_t n);
 
 	/* ---- KV caches in this backend's memory ---- */
 	/*

@@ -134,6 +134,18 @@ static int cpu_swiglu(Backend *b, float *gate, const float *up, int64_t n)
 	return 0;
 }
 
+static int cpu_geglu(Backend *b, float *gate, const float *up, int64_t n)
+{
+	op_geglu(gate, up, n);
+	return 0;
+}
+
+static int cpu_scale(Backend *b, float *x, float s, int64_t n)
+{
+	op_scale(x, s, n);
+	return 0;
+}
+
 static int cpu_add(Backend *b, float *x, const float *y, int64_t n)
 {
 	op_add(x, y, n);
@@ -172,6 +184,8 @@ static const BackendOps cpu_ops = {
 	.rope = cpu_rope,
 	.swiglu = cpu_swiglu,
 	.add = cpu_add,
+	.geglu = cpu_geglu,
+	.scale = cpu_scale,
 	.kvcache_new = cpu_kvcache_new,
 	.kvcache_adopt = cpu_kvcache_adopt,
 };

@@ -83,19 +83,32 @@ static int load_config(Loader *ld)
 
 	if (gguf_get_str(ld->m->gguf, "general.architecture", &s) != 0)
 		return error_set(ld->err, MODEL_E_INVALID, "metadata general.architecture missing");
-	if (gguf_str_eq(s, "llama")) {
-		c->arch = MODEL_ARCH_LLAMA;
-		ld->arch = "llama";
-		c->rope_style = ROPE_STYLE_NORM;
-	} else if (gguf_str_eq(s, "qwen2")) {
-		c->arch = MODEL_ARCH_QWEN2;
-		ld->arch = "qwen2";
-		c->rope_style = ROPE_STYLE_NEOX;
-	} else {
+	static const struct {
+		const char *name;
+		ModelArch arch;
+		RopeStyle style;
+	} archs[] = {
+		{ "llama", MODEL_ARCH_LLAMA, ROPE_STYLE_NORM },
+		{ "qwen2", MODEL_ARCH_QWEN2, ROPE_STYLE_NEOX },
+		{ "qwen3", MODEL_ARCH_QWEN3, ROPE_STYLE_NEOX },
+		{ "gemma3", MODEL_ARCH_GEMMA3, ROPE_STYLE_NEOX },
+	};
+	ld->arch = NULL;
+	for (size_t i = 0; i < ARRAY_SIZE(archs); i++)
+		if (gguf_str_eq(s, archs[i].name)) {
+			c->arch = archs[i].arch;
+			ld->arch = archs[i].name;
+			c->rope_style = archs[i].style;
+		}
+	if (!ld->arch)
 		return error_set(ld->err, MODEL_E_UNSUPPORTED,
-				 "architecture '%.*s' is not supported (supported: llama, qwen2)",
+				 "architecture '%.*s' is not supported (supported: llama, qwen2, qwen3, gemma3)",
 				 (int)MIN(s.len, 64), s.ptr);
-	}
+	c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_GEMMA3;
+	c->post_norms = c->arch == MODEL_ARCH_GEMMA3;
+	c->ffn_act = c->arch == MODEL_ARCH_GEMMA3 ? FFN_GELU : FFN_SILU;
+	c->embd_scale = 1.0f;
+	c->q_scale = 1.0f;
 
 	if ((r = get_int(ld, "block_count", -1, 4096, &c->n_layers)) ||
 	    (r = get_int(ld, "embedding_length", -1, 1 << 16, &c->dim)) ||
@@ -152,6 +165,19 @@ static int load_config(Loader *ld)
 	if (factor < 0.0f)
 		return error_set(ld->err, MODEL_E_INVALID, "rope scaling factor %g is negative", factor);
 	c->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+	c->rope_base_local = c->rope_base;
+
+	if (c->arch == MODEL_ARCH_GEMMA3) {
+		/* llama.cpp's gemma3 hparams: 5 local layers then 1 global, local RoPE base 10000 */
+		if ((r = get_int(ld, "attention.sliding_window", 0, 1 << 24, &c->sliding_window)))
+			return r;
+		c->swa_period = 6;
+		c->rope_base_local = 10000.0f;
+		c->embd_scale = sqrtf((float)c->dim);
+		/* queries times 1/sqrt(key_length), or 1/sqrt(dim / n_heads) for the 27B (62 layers) */
+		float d = c->n_layers == 62 ? (float)c->dim / c->n_heads : (float)c->head_dim;
+		c->q_scale = sqrtf((float)c->head_dim) / sqrtf(d);
+	}
 	return 0;
 }
 
@@ -224,7 +250,7 @@ static int load_layer(const Loader *ld, int il, LayerWeights *w)
 {
 	const ModelConfig *c = &ld->m->cfg;
 	int64_t qdim = (int64_t)c->n_heads * c->head_dim, kvdim = (int64_t)c->n_kv_heads * c->head_dim;
-	bool biases = c->arch == MODEL_ARCH_QWEN2;
+	bool biases = c->arch == MODEL_ARCH_QWEN2, post = c->post_norms;
 	char name[96];
 	int r;
 
@@ -242,6 +268,15 @@ static int load_layer(const Loader *ld, int il, LayerWeights *w)
 	    (r = load_matrix(ld, NAME("ffn_up.weight"), c->ff_dim, c->dim, &w->w_up)) ||
 	    (r = load_matrix(ld, NAME("ffn_down.weight"), c->dim, c->ff_dim, &w->w_down)))
 		return r;
+	if (c->qk_norm &&
+	    ((r = load_vector(ld, NAME("attn_q_norm.weight"), c->head_dim, true, &w->q_norm)) ||
+	     (r = load_vector(ld, NAME("attn_k_norm.weight"), c->head_dim, true, &w->k_norm))))
+		return r;
+	if (post &&
+	    ((r = load_vector(ld, NAME("post_attention_norm.weight"), c->dim, true, &w->post_attn_norm)) ||
+	     (r = load_vector(ld, NAME("post_ffw_norm.weight"), c->dim, true, &w->post_ffw_norm))))
+		return r;
+	w->local = c->sliding_window > 0 && il % c->swa_period != c->swa_period - 1;
 #undef NAME
 	return 0;
 }
@@ -273,6 +308,14 @@ static int load_weights(Loader *ld)
 	if ((r = load_vector(ld, "rope_freqs.weight", c->n_rot / 2, false, &factors)))
 		return r;
 	rope_init(&m->rope, c->rope_style, c->n_rot, c->rope_base, c->rope_freq_scale, factors);
+	rope_init(&m->rope_local, c->rope_style, c->n_rot, c->rope_base_local, c->rope_freq_scale, factors);
+
+	const BackendOps *ops = m->backend->ops;
+	if ((c->ffn_act == FFN_GELU || c->embd_scale != 1.0f || c->q_scale != 1.0f) &&
+	    (!ops->geglu || !ops->scale))
+		return error_set(ld->err, MODEL_E_UNSUPPORTED,
+				 "architecture %s does not run on the %s backend yet (no GELU/scale ops)",
+				 ld->arch, backend_name(m->backend));
 
 	m->layers = calloc_array(c->n_layers, sizeof(LayerWeights));
 	if (!m->layers)
@@ -334,6 +377,10 @@ static int upload_weights(Model *m, Error *err)
 		UPLOAD_W(w->w_gate, what)
 		UPLOAD_W(w->w_up, what)
 		UPLOAD_W(w->w_down, what)
+		UPLOAD_V(w->q_norm, c->head_dim, what)
+		UPLOAD_V(w->k_norm, c->head_dim, what)
+		UPLOAD_V(w->post_attn_norm, c->dim, what)
+		UPLOAD_V(w->post_ffw_norm, c->dim, what)
 	}
 #undef UPLOAD_W
 #undef UPLOAD_V
@@ -428,8 +475,20 @@ KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx)
 		.n_heads = m->cfg.n_heads,
 		.n_kv_heads = m->cfg.n_kv_heads,
 		.head_dim = m->cfg.head_dim,
-		.capacity = n_ctx,
+		/* no cache masks a window yet: within W tokens local attention is global attention */
+		.capacity = m->cfg.sliding_window > 0 ? MIN(n_ctx, (int64_t)m->cfg.sliding_window) : n_ctx,
 	};
+}
+
+const char *model_arch_name(ModelArch a)
+{
+	switch (a) {
+	case MODEL_ARCH_LLAMA: return "llama";
+	case MODEL_ARCH_QWEN2: return "qwen2";
+	case MODEL_ARCH_QWEN3: return "qwen3";
+	case MODEL_ARCH_GEMMA3: return "gemma3";
+	}
+	return "?";
 }
 
 int model_kvcache_new(const Model *m, const KvPlan *plan, uint64_t seed, int64_t n_ctx, KvCache **ret,
@@ -483,7 +542,7 @@ void model_describe(const Model *m, char *buf, size_t size)
 	const ModelConfig *c = &m->cfg;
 	snprintf(buf, size,
 		 "%s: %d layers, dim %d, %d heads (%d kv, head_dim %d), ff %d, vocab %d, ctx %d, weights %s",
-		 c->arch == MODEL_ARCH_QWEN2 ? "qwen2" : "llama", c->n_layers, c->dim, c->n_heads,
+		 model_arch_name(c->arch), c->n_layers, c->dim, c->n_heads,
 		 c->n_kv_heads, c->head_dim, c->ff_dim, c->n_vocab, c->n_ctx_train,
 		 wtype_name(m->layers[0].wq.type));
 }
@@ -508,6 +567,7 @@ struct ModelRun {
 	float *hb;   /* (B, ff_dim) gate, then swiglu */
 	float *hb2;  /* (B, ff_dim) up */
 	float *cs, *sn; /* (B, n_rot / 2) rope angles of the batch */
+	float *cs_l, *sn_l; /* (B, n_rot / 2) the local layers' angles (gemma3), else NULL */
 	float *logits;  /* (B, n_vocab) when the backend is not host memory, else NULL */
 	int64_t *pos;     /* host (B,): position of each sequence of a multi-sequence batch */
 	int64_t *tok_pos; /* host (B,): position of each token of the batch */
@@ -542,7 +602,8 @@ ModelRun *model_run_free(ModelRun *r)
 {
 	if (!r)
 		return NULL;
-	float *bufs[] = { r->x, r->xb, r->q, r->k, r->v, r->att, r->hb, r->hb2, r->cs, r->sn, r->logits };
+	float *bufs[] = { r->x, r->xb, r->q, r->k, r->v, r->att, r->hb, r->hb2, r->cs, r->sn, r->cs_l, r->sn_l,
+			  r->logits };
 	for (size_t i = 0; i < ARRAY_SIZE(bufs); i++)
 		if (bufs[i])
 			r->b->ops->dealloc(r->b, bufs[i]);
@@ -580,6 +641,9 @@ int model_run_new(const Model *m, int max_batch, ThreadPool *tp, ModelRun **ret)
 	    (e = run_alloc(r, b * kvdim, &r->v)) || (e = run_alloc(r, b * qdim, &r->att)) ||
 	    (e = run_alloc(r, b * c->ff_dim, &r->hb)) || (e = run_alloc(r, b * c->ff_dim, &r->hb2)) ||
 	    (e = run_alloc(r, b * (c->n_rot / 2), &r->cs)) || (e = run_alloc(r, b * (c->n_rot / 2), &r->sn)))
+		return e;
+	if (c->sliding_window > 0 && ((e = run_alloc(r, b * (c->n_rot / 2), &r->cs_l)) ||
+				      (e = run_alloc(r, b * (c->n_rot / 2), &r->sn_l))))
 		return e;
 	if (!backend_is_host(r->b) && (e = run_alloc(r, b * c->n_vocab, &r->logits)))
 		return e;
@@ -677,13 +741,23 @@ static int layer_forward(const Model *m, ModelRun *r, const EvalSeqs *s, int il,
 		      (e = ops->add_bias(b, r->k, w->bk, n, kvdim)) ||
 		      (e = ops->add_bias(b, r->v, w->bv, n, kvdim))))
 		return e;
-	if ((e = ops->rope(b, &m->rope, r->q, n, c->n_heads, c->head_dim, r->cs, r->sn)) ||
-	    (e = ops->rope(b, &m->rope, r->k, n, c->n_kv_heads, c->head_dim, r->cs, r->sn)))
+	if (w->q_norm && ((e = ops->rmsnorm(b, r->q, r->q, w->q_norm, n * c->n_heads, c->head_dim, c->rms_eps)) ||
+			  (e = ops->rmsnorm(b, r->k, r->k, w->k_norm, n * c->n_kv_heads, c->head_dim, c->rms_eps))))
+		return e;
+	const Rope *rope = w->local ? &m->rope_local : &m->rope;
+	const float *cs = w->local ? r->cs_l : r->cs, *sn = w->local ? r->sn_l : r->sn;
+	if ((e = ops->rope(b, rope, r->q, n, c->n_heads, c->head_dim, cs, sn)) ||
+	    (e = ops->rope(b, rope, r->k, n, c->n_kv_heads, c->head_dim, cs, sn)))
+		return e;
+	if (c->q_scale != 1.0f && (e = ops->scale(b, r->q, c->q_scale, n * qdim)))
 		return e;
 	layer_attend(r, s, il, n, qdim, kvdim);
 	const MatmulWeight *wo = &w->wo;
-	if ((e = ops->matmul(b, r->tp, &wo, &r->xb, 1, r->att, n)) ||
-	    (e = ops->add(b, r->x, r->xb, n * c->dim)))
+	if ((e = ops->matmul(b, r->tp, &wo, &r->xb, 1, r->att, n)))
+		return e;
+	if (w->post_attn_norm && (e = ops->rmsnorm(b, r->xb, r->xb, w->post_attn_norm, n, c->dim, c->rms_eps)))
+		return e;
+	if ((e = ops->add(b, r->x, r->xb, n * c->dim)))
 		return e;
 
 	/* feed-forward block */
@@ -691,12 +765,18 @@ static int layer_forward(const Model *m, ModelRun *r, const EvalSeqs *s, int il,
 		return e;
 	const MatmulWeight *gate_up[2] = { &w->w_gate, &w->w_up };
 	float *gate_up_out[2] = { r->hb, r->hb2 };
-	if ((e = ops->matmul(b, r->tp, gate_up, gate_up_out, 2, r->xb, n)) ||
-	    (e = ops->swiglu(b, r->hb, r->hb2, n * c->ff_dim)))
+	if ((e = ops->matmul(b, r->tp, gate_up, gate_up_out, 2, r->xb, n)))
+		return e;
+	e = c->ffn_act == FFN_GELU ? ops->geglu(b, r->hb, r->hb2, n * c->ff_dim)
+				   : ops->swiglu(b, r->hb, r->hb2, n * c->ff_dim);
+	if (e)
 		return e;
 	const MatmulWeight *down = &w->w_down;
-	if ((e = ops->matmul(b, r->tp, &down, &r->xb, 1, r->hb, n)) ||
-	    (e = ops->add(b, r->x, r->xb, n * c->dim)))
+	if ((e = ops->matmul(b, r->tp, &down, &r->xb, 1, r->hb, n)))
+		return e;
+	if (w->post_ffw_norm && (e = ops->rmsnorm(b, r->xb, r->xb, w->post_ffw_norm, n, c->dim, c->rms_eps)))
+		return e;
+	if ((e = ops->add(b, r->x, r->xb, n * c->dim)))
 		return e;
 	return 0;
 }
@@ -740,6 +820,10 @@ static int eval_batch(const Model *m, ModelRun *r, const EvalSeqs *s, const int3
 		r->tok_pos[i] = s->pos[i / per] + i % per;
 	if ((e = ops->embed(r->b, &m->tok_embd, tokens, n, r->x)) ||
 	    (e = ops->rope_angles(r->b, &m->rope, r->tok_pos, n, r->cs, r->sn)))
+		return e;
+	if (r->cs_l && (e = ops->rope_angles(r->b, &m->rope_local, r->tok_pos, n, r->cs_l, r->sn_l)))
+		return e;
+	if (c->embd_scale != 1.0f && (e = ops->scale(r->b, r->x, c->embd_scale, n * c->dim)))
 		return e;
 	for (int il = 0; il < c->n_layers; il++) {
 		if ((e = layer_forward(m, r, s, il, n)))

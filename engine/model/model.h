@@ -1,7 +1,8 @@
 /*
  * model.h: a llama-family transformer loaded from GGUF, and its forward pass.
  *
- * Architectures: `llama` (Llama 2/3.x, SmolLM2, Mistral) and `qwen2`.
+ * Architectures: `llama` (Llama 2/3.x, SmolLM2, Mistral), `qwen2`, `qwen3`
+ * and `gemma3`.
  * Weights stay in the memory-mapped file in their GGUF types; the
  * matmul kernels read them in place. One layer:
  *
@@ -11,6 +12,22 @@
  *
  * then logits = Wout · (rmsnorm(x) * output_norm), Wout = token_embd when
  * the file has no separate output tensor (tied embeddings).
+ *
+ * qwen3 adds a per-head RMSNorm of Q and K (attn_q_norm, attn_k_norm,
+ * (head_dim,) each) after the projections and before RoPE, and has no
+ * biases. gemma3, as llama.cpp runs it from GGUF: x0 = embedding *
+ * sqrt(dim); the same Q/K head norms; the attention and feed-forward
+ * outputs are RMS-normed (post_attention_norm, post_ffw_norm) before
+ * they join the residual; the FFN is gelu_tanh(Wgate·n2) * (Wup·n2); the
+ * GGUF norm weights already hold Gemma's (1 + w). Layers il with il % 6
+ * != 5 are local (sliding-window, RoPE base 10000), the others global
+ * (rope.freq_base). Queries are scaled by 1/sqrt(key_length)
+ * (1/sqrt(dim / n_heads) for the 62-layer 27B), as llama.cpp does.
+ *
+ * Sliding window: a local layer's query at p sees positions p - W + 1 .. p
+ * (W = attention.sliding_window). The KV caches do not mask a window
+ * yet, so model_kv_shape() caps a windowed model's context at W, where
+ * local and global attention coincide: exact, but short.
  */
 #pragma once
 
@@ -33,7 +50,14 @@ enum {
 typedef enum ModelArch {
 	MODEL_ARCH_LLAMA,
 	MODEL_ARCH_QWEN2,
+	MODEL_ARCH_QWEN3,
+	MODEL_ARCH_GEMMA3,
 } ModelArch;
+
+typedef enum FfnAct {
+	FFN_SILU, /* silu(gate) * up */
+	FFN_GELU, /* gelu_tanh(gate) * up */
+} FfnAct;
 
 typedef struct ModelConfig {
 	ModelArch arch;
@@ -50,6 +74,14 @@ typedef struct ModelConfig {
 	float rope_freq_scale;
 	int n_rot;
 	RopeStyle rope_style;
+	bool qk_norm;        /* per-head RMSNorm of Q and K before RoPE (qwen3, gemma3) */
+	bool post_norms;     /* post_attention_norm and post_ffw_norm (gemma3) */
+	FfnAct ffn_act;
+	float embd_scale;    /* embeddings times this (gemma3: sqrt(dim)), 1 otherwise */
+	float q_scale;       /* queries times this before attention (which scales by 1/sqrt(head_dim)) */
+	int sliding_window;  /* W of the local layers, 0: none */
+	int swa_period;      /* layer il is local when il % swa_period != swa_period - 1 */
+	float rope_base_local; /* RoPE base of the local layers */
 } ModelConfig;
 
 typedef struct LayerWeights {
@@ -63,6 +95,10 @@ typedef struct LayerWeights {
 	MatmulWeight w_gate;    /* (ff_dim, dim) */
 	MatmulWeight w_up;      /* (ff_dim, dim) */
 	MatmulWeight w_down;    /* (dim, ff_dim) */
+	const float *q_norm, *k_norm;     /* (head_dim,) qwen3 and gemma3, else NULL */
+	const float *post_attn_norm;      /* (dim,) gemma3, else NULL */
+	const float *post_ffw_norm;       /* (dim,) gemma3, else NULL */
+	bool local;                       /* a sliding-window layer */
 } LayerWeights;
 
 typedef struct Model {
@@ -70,6 +106,7 @@ typedef struct Model {
 	Gguf *gguf;             /* owns the mapping the weights are read from */
 	ModelConfig cfg;
 	Rope rope;
+	Rope rope_local;        /* the local layers' (gemma3), else equal to rope */
 	MatmulWeight tok_embd;  /* (n_vocab, dim) */
 	MatmulWeight output;    /* (n_vocab, dim), tok_embd when tied */
 	const float *output_norm; /* (dim,) */
@@ -100,7 +137,10 @@ int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err);
 Model *model_free(Model *m);
 DEFINE_FREEP(Model, model_free)
 
-/* Shape of a KV cache for this model with capacity n_ctx tokens. */
+/*
+ * Shape of a KV cache for this model with capacity n_ctx tokens (at most
+ * the sliding window for a windowed model, see above).
+ */
 KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx);
 
 /*
@@ -191,6 +231,9 @@ LogitsDiff model_logits_diff(const float *got, const float *ref, int n);
 
 /* Whether d is within those limits (top-1 compared only when ref's margin is clear). */
 bool model_logits_agree(const LogitsDiff *d);
+
+/* The architecture's GGUF name ("llama", "qwen2", "qwen3", "gemma3"). */
+const char *model_arch_name(ModelArch a);
 
 /* Human description ("llama 30 layers, dim 576, ...") into buf. */
 void model_describe(const Model *m, char *buf, size_t size);

@@ -259,6 +259,7 @@ static void write_header(Out *o, const Layout *l, const SessionState *s, uint64_
 	put_le(h + 40, l->n_kv, 4);
 	put_le(h + 44, 3 + (uint64_t)l->n_layers, 4);
 	put_le(h + 48, l->file_bytes, 8);
+	put_le(h + 56, (uint64_t)s->policy, 4);
 	put_le(h + 60, crc32c(h, 60), 4);
 	out_put_crc(o, h, sizeof(h), false);
 }
@@ -306,7 +307,7 @@ static void write_messages_section(Out *o, const Layout *l, const SessionState *
 	out_u32(o, (uint32_t)s->kind);
 	out_u32(o, (uint32_t)s->n_messages);
 	for (size_t i = 0; i < s->n_messages; i++) {
-		uint8_t h[8] = { (uint8_t)s->messages[i].role, 0, 0, 0 };
+		uint8_t h[8] = { (uint8_t)s->messages[i].role, s->messages[i].pinned ? 1 : 0, 0, 0 };
 		put_le(h + 4, s->messages[i].len, 4);
 		out_put(o, h, 8);
 		out_put(o, s->messages[i].text, s->messages[i].len);
@@ -458,9 +459,11 @@ int session_peek(const void *data, size_t len, SessionHeader *ret, Error *err)
 		.file_bytes = get_le(h + 48, 8),
 	};
 	uint32_t hsize = (uint32_t)get_le(h + 12, 4), n_sections = (uint32_t)get_le(h + 44, 4);
-	if (hsize != SESSION_HEADER_BYTES || get_le(h + 56, 4) != 0)
-		return error_set(err, SESSION_E_HEADER, "header size %u or reserved field not as the format says",
-				 hsize);
+	r.policy = (uint32_t)get_le(h + 56, 4);
+	if (hsize != SESSION_HEADER_BYTES || r.policy >= _SESSION_POLICY_MAX ||
+	    (version < 5 && r.policy != 0))
+		return error_set(err, SESSION_E_HEADER, "header size %u or context policy %u not as the format says",
+				 hsize, r.policy);
 	if (r.n_layers < 1 || r.n_layers > KVSPEC_MAX_LAYERS || r.n_kv_heads < 1 || r.n_kv_heads > 4096 ||
 	    r.head_dim < 1 || r.head_dim > TQ_MAX_DIM || n_sections != 3 + r.n_layers)
 		return error_set(err, SESSION_E_HEADER, "shape %u layers x %u kv-heads x %u, %u sections: out of range",
@@ -523,7 +526,7 @@ static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCa
 	if ((r = in_section(in, SESSION_SECTION_KV, UINT64_MAX, SESSION_MAX_KV_SECTION,
 			    SESSION_E_KV_SECTION, "KV section", &p, &len, err)) != 0)
 		return r;
-	if (hd->version < SESSION_VERSION)
+	if (hd->version < SESSION_VERSION_KV)
 		return error_set(err, SESSION_E_KV_TYPE,
 				 "saved by an older turbokv (session file version %u): the cache is "
 				 "laid out as this build no longer reads", hd->version);
@@ -625,7 +628,7 @@ static int read_tokens(In *in, const SessionHeader *hd, const SessionExpect *e, 
 	return 0;
 }
 
-static int read_messages(In *in, SessionState *s, Error *err)
+static int read_messages(In *in, uint32_t version, SessionState *s, Error *err)
 {
 	const uint8_t *p;
 	uint64_t len;
@@ -648,8 +651,8 @@ static int read_messages(In *in, SessionState *s, Error *err)
 			return error_set(err, SESSION_E_MESSAGES, "message %u: past the section's end", i);
 		const uint8_t *m = p + pos;
 		uint64_t mlen = get_le(m + 4, 4);
-		if (m[0] > SESSION_ROLE_ASSISTANT || m[1] || m[2] || m[3])
-			return error_set(err, SESSION_E_MESSAGES, "message %u: role %u", i, m[0]);
+		if (m[0] > SESSION_ROLE_ASSISTANT || m[1] > (version >= 5 ? 1 : 0) || m[2] || m[3])
+			return error_set(err, SESSION_E_MESSAGES, "message %u: role %u, flags %u", i, m[0], m[1]);
 		if (mlen > len - pos - 8 || (text += mlen) > SESSION_MAX_TEXT_BYTES)
 			return error_set(err, SESSION_E_MESSAGES, "message %u: %llu bytes past the section's end", i,
 					 (unsigned long long)mlen);
@@ -660,7 +663,8 @@ static int read_messages(In *in, SessionState *s, Error *err)
 			return error_set(err, -ENOMEM, "out of memory");
 		memcpy(t, m + 8, (size_t)mlen);
 		t[mlen] = 0;
-		s->messages[i] = (SessionMessage){ .role = (SessionRole)m[0], .text = t, .len = (size_t)mlen };
+		s->messages[i] = (SessionMessage){ .role = (SessionRole)m[0], .pinned = m[1] & 1, .text = t,
+						   .len = (size_t)mlen };
 		s->n_messages++;
 		pos += 8 + mlen;
 	}
@@ -738,8 +742,9 @@ static int read_file(const void *data, size_t len, const SessionExpect *e, bool 
 	if ((r = read_tokens(&in, &hd, e, &s->tokens, err)) != 0)
 		return r;
 	s->n_tokens = hd.n_tokens;
-	if ((r = read_messages(&in, s, err)) != 0)
+	if ((r = read_messages(&in, hd.version, s, err)) != 0)
 		return r;
+	s->policy = (SessionPolicy)hd.policy;
 	for (int i = 0; i < e->shape.n_layers; i++) {
 		r = conversation_only ? in_section(&in, SESSION_SECTION_LAYER, UINT64_MAX, SESSION_MAX_FILE_BYTES,
 						   SESSION_E_BLOCKS, "LAYER section", &p, &n, err)

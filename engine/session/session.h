@@ -18,9 +18,11 @@
  *
  *   offset size field
  *   0      8    magic "TKVSESS\0"
- *   8      4    version, SESSION_VERSION = 4 (versions 1 to 3, whose KV
- *               section the container itself laid out, are read for
- *               their conversation only: the prompt is recomputed)
+ *   8      4    version, SESSION_VERSION = 5 (version 4 is read whole: it
+ *               is version 5 with bytes 56..59 and the message flags 0;
+ *               versions 1 to 3, whose KV section the container itself
+ *               laid out, are read for their conversation only: the
+ *               prompt is recomputed)
  *   12     4    header size, 64
  *   16     8    model fingerprint: gguf_fingerprint() of the model
  *   24     4    n_layers
@@ -31,7 +33,9 @@
  *               token ids, in order), <= n_tokens
  *   44     4    n_sections: 3 + n_layers
  *   48     8    file size in bytes, header included
- *   56     4    reserved, 0
+ *   56     4    context policy the session keeps (SessionPolicy): 0 none
+ *               chosen, 1 error, 2 drop oldest turns, 3 stop at the
+ *               limit (version 4: 0)
  *   60     4    CRC-32C of bytes 0..59
  *
  * Then n_sections sections in this fixed order: KV, TOKENS, MESSAGES,
@@ -68,8 +72,10 @@
  *   0      4    kind: 0 = raw text (tokens were appended as is, no
  *               messages), 1 = chat
  *   4      4    n_messages, <= SESSION_MAX_MESSAGES (0 for raw)
- *   then per message: u8 role (0 system, 1 user, 2 assistant), 3 bytes
- *   0, u32 length, that many bytes of text (no NUL bytes). The texts
+ *   then per message: u8 role (0 system, 1 user, 2 assistant), u8 flags
+ *   (bit 0: pinned, the message holds attachments and is never dropped
+ *   to make room; other bits 0; version 4: 0), 2 bytes 0, u32 length,
+ *   that many bytes of text (no NUL bytes). The texts
  *   together are at most SESSION_MAX_TEXT_BYTES.
  *
  * LAYER (id 4), the KV rows of one layer:
@@ -118,7 +124,8 @@
 #include "engine/kv/kvtype.h"
 
 #define SESSION_MAGIC "TKVSESS"          /* 8 bytes with its NUL */
-#define SESSION_VERSION 4u       /* KV records written by each format */
+#define SESSION_VERSION 5u       /* the session's context policy, pinned messages */
+#define SESSION_VERSION_KV 4u    /* the oldest whose KV this build reads (KV records written by each format) */
 #define SESSION_VERSION_FIRST 1u /* the oldest this build reads (for the conversation) */
 #define SESSION_HEADER_BYTES 64u
 #define SESSION_SECTION_HEADER_BYTES 16u
@@ -161,8 +168,18 @@ typedef enum SessionRole {
 	SESSION_ROLE_ASSISTANT = 2,
 } SessionRole;
 
+/* The context policy a session keeps (stored; the daemon maps it to the protocol's). */
+typedef enum SessionPolicy {
+	SESSION_POLICY_NONE = 0,        /* none chosen: the daemon's default */
+	SESSION_POLICY_ERROR = 1,
+	SESSION_POLICY_DROP_OLDEST = 2,
+	SESSION_POLICY_STOP_AT_LIMIT = 3,
+	_SESSION_POLICY_MAX,
+} SessionPolicy;
+
 typedef struct SessionMessage {
 	SessionRole role;
+	bool pinned; /* holds attachments: never dropped to make room */
 	char *text;  /* NUL-terminated, owned */
 	size_t len;
 } SessionMessage;
@@ -177,6 +194,7 @@ typedef struct SessionState {
 	size_t n_tokens;
 	SessionMessage *messages; /* (n_messages,) */
 	size_t n_messages;
+	SessionPolicy policy;     /* what the session does when the context is full */
 	KvCache *kv;              /* f32 cache or compressed store */
 } SessionState;
 
@@ -202,6 +220,7 @@ typedef struct SessionHeader {
 	uint32_t n_layers, n_kv_heads, head_dim;
 	uint32_t n_tokens, n_kv;
 	uint64_t file_bytes;
+	uint32_t policy;          /* SessionPolicy */
 } SessionHeader;
 
 SessionState *session_state_free(SessionState *s);

@@ -121,8 +121,12 @@ int chat_template_detect(const char *jinja, size_t len, ChatTemplate *ret)
 #define HAS(m) (memmem(jinja, len, m, strlen(m)) != NULL)
 	ChatTemplate t;
 
-	if (HAS("<|im_start|>"))
+	if (HAS("<|im_start|>") && HAS("</think>"))
+		t = CHAT_TEMPLATE_QWEN3;
+	else if (HAS("<|im_start|>"))
 		t = CHAT_TEMPLATE_CHATML;
+	else if (HAS("<start_of_turn>"))
+		t = CHAT_TEMPLATE_GEMMA;
 	else if (HAS("<|start_header_id|>"))
 		t = CHAT_TEMPLATE_LLAMA3;
 	else if (HAS("[INST]") && HAS("<<SYS>>"))
@@ -145,8 +149,8 @@ int chat_template_from_gguf(const Gguf *g, ChatTemplate *ret, Error *err)
 				 "model has no tokenizer.chat_template; use raw prompting");
 	if (chat_template_detect(s.ptr, s.len, ret))
 		return error_set(err, CHAT_E_UNKNOWN_TEMPLATE,
-				 "unrecognised chat template (not ChatML, Llama 3, Llama 2 or "
-				 "Mistral [INST]); use raw prompting");
+				 "unrecognised chat template (not ChatML, Qwen3, Gemma, Llama 3, "
+				 "Llama 2 or Mistral [INST]); use raw prompting");
 	return 0;
 }
 
@@ -163,6 +167,10 @@ const char *chat_template_name(ChatTemplate t)
 		return "mistral";
 	case CHAT_TEMPLATE_LLAMA2:
 		return "llama2";
+	case CHAT_TEMPLATE_GEMMA:
+		return "gemma";
+	case CHAT_TEMPLATE_QWEN3:
+		return "qwen3";
 	}
 	return "unknown";
 }
@@ -200,6 +208,62 @@ static int render_chatml(Buf *b, const ChatMessage *msgs, size_t n)
 		    buf_puts(b, "<|im_end|>\n") < 0)
 			return -ENOMEM;
 	return buf_puts(b, "<|im_start|>assistant\n");
+}
+
+/*
+ * Qwen3: ChatML, except that an assistant message before the last user
+ * message keeps only what follows its last </think>, left-stripped of
+ * newlines (the template's content.split('</think>')[-1].lstrip('\n')).
+ * The generation prompt opens the assistant turn; the model thinks first.
+ */
+static int render_qwen3(Buf *b, const ChatMessage *msgs, const Role *roles, size_t n)
+{
+	size_t last_user = 0;
+	for (size_t i = 0; i < n; i++)
+		if (roles[i] == ROLE_USER)
+			last_user = i;
+	for (size_t i = 0; i < n; i++) {
+		const char *c = content_of(&msgs[i]);
+		if (roles[i] == ROLE_ASSISTANT && i < last_user) {
+			for (const char *t; (t = strstr(c, "</think>"));)
+				c = t + strlen("</think>");
+			while (*c == '\n')
+				c++;
+		}
+		if (buf_puts(b, "<|im_start|>") < 0 || buf_puts(b, msgs[i].role) < 0 ||
+		    buf_puts(b, "\n") < 0 || buf_content(b, c) < 0 || buf_puts(b, "<|im_end|>\n") < 0)
+			return -ENOMEM;
+	}
+	return buf_puts(b, "<|im_start|>assistant\n");
+}
+
+/*
+ * Gemma 3: <start_of_turn>{user|model}\n{content|trim}<end_of_turn>\n ...
+ * <start_of_turn>model\n. A first system message is not a turn: its
+ * content (untrimmed) and "\n\n" open the first turn's content.
+ */
+static int render_gemma(Buf *b, const ChatMessage *msgs, const Role *roles, size_t n)
+{
+	const char *prefix = NULL;
+	size_t first = 0;
+	if (n > 0 && roles[0] == ROLE_SYSTEM) {
+		prefix = content_of(&msgs[0]);
+		first = 1;
+	}
+	for (size_t i = first; i < n; i++) {
+		int r = buf_puts(b, "<start_of_turn>");
+		r = r ? r : buf_puts(b, roles[i] == ROLE_ASSISTANT ? "model" : msgs[i].role);
+		r = r ? r : buf_puts(b, "\n");
+		if (!r && i == first && prefix) {
+			r = buf_content(b, prefix);
+			r = r ? r : buf_puts(b, "\n\n");
+		}
+		r = r ? r : buf_content_stripped(b, content_of(&msgs[i]));
+		r = r ? r : buf_puts(b, "<end_of_turn>\n");
+		if (r < 0)
+			return r;
+	}
+	return buf_puts(b, "<start_of_turn>model\n");
 }
 
 /* <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|> ... */
@@ -341,6 +405,12 @@ static int render(ChatTemplate t, const ChatMessage *msgs, size_t n, const char 
 		break;
 	case CHAT_TEMPLATE_LLAMA2:
 		r = render_llama2(&b, all, roles, n_all);
+		break;
+	case CHAT_TEMPLATE_GEMMA:
+		r = render_gemma(&b, all, roles, n_all);
+		break;
+	case CHAT_TEMPLATE_QWEN3:
+		r = render_qwen3(&b, all, roles, n_all);
 		break;
 	default:
 		return error_set(err, CHAT_E_UNKNOWN_TEMPLATE, "unknown chat template %d", (int)t);

@@ -2,7 +2,8 @@
  * chat.h: chat templates, recognised from the GGUF's tokenizer.chat_template.
  *
  * We do not run Jinja. We recognise the template families users have
- * (ChatML: SmolLM2, Qwen; Llama 3; Mistral / Llama 2 [INST]) by
+ * (ChatML: SmolLM2, Qwen; Qwen3's ChatML with thinking; Gemma 3; Llama 3;
+ * Mistral / Llama 2 [INST]) by
  * distinctive markers and render them with C code. Anything else is
  * CHAT_E_UNKNOWN_TEMPLATE unless the caller asks for raw prompting.
  *
@@ -31,6 +32,8 @@ typedef enum ChatTemplate {
 	CHAT_TEMPLATE_LLAMA3,
 	CHAT_TEMPLATE_MISTRAL,  /* Mistral v0.1/v0.2: [INST] without <<SYS>> */
 	CHAT_TEMPLATE_LLAMA2,   /* Llama 2: [INST] with <<SYS>>, <s> before later turns */
+	CHAT_TEMPLATE_GEMMA,    /* Gemma 3: <start_of_turn>user|model, system merged into the first turn */
+	CHAT_TEMPLATE_QWEN3,    /* ChatML with Qwen3's thinking: earlier answers lose their <think> part */
 } ChatTemplate;
 
 typedef struct ChatMessage {

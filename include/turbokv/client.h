@@ -193,10 +193,18 @@ typedef struct TkvSampling {
 	bool greedy;           /* always the most likely token, whatever the rest says */
 } TkvSampling;
 
+/*
+ * A policy other than TKV_CONTEXT_ERROR is the request's choice, and a
+ * named session keeps it for later requests. TKV_CONTEXT_ERROR chooses
+ * nothing: the session's kept policy applies, else the daemon's
+ * --on-overflow (error unless configured). TKV_CONTEXT_ERROR_SET refuses
+ * like TKV_CONTEXT_ERROR whatever the session or daemon says, and is kept.
+ */
 typedef enum TkvContextPolicy {
 	TKV_CONTEXT_ERROR = 0,          /* refuse with TKV_E_CONTEXT_OVERFLOW (default) */
-	TKV_CONTEXT_TRUNCATE_OLDEST = 1,/* drop oldest turns, reported in dropped_tokens */
+	TKV_CONTEXT_TRUNCATE_OLDEST = 1,/* drop whole oldest turns, reported in dropped_tokens */
 	TKV_CONTEXT_STOP_AT_LIMIT = 2,  /* generate until the context is full */
+	TKV_CONTEXT_ERROR_SET = 3,      /* TKV_CONTEXT_ERROR as an explicit choice */
 } TkvContextPolicy;
 
 typedef struct TkvRequest {
@@ -209,7 +217,7 @@ typedef struct TkvRequest {
 	const TkvAttachment *attachments;   /* (n_attachments,), at most 16 */
 	size_t n_attachments;
 	const TkvSampling *sampling;        /* NULL: the daemon's defaults */
-	uint32_t max_tokens;                /* 0: until the model stops or the context is full */
+	uint32_t max_tokens;                /* 0: the daemon's answer limit (--answer-tokens, 1024) */
 	const char *const *stop;            /* (n_stop,) stop strings */
 	size_t n_stop;
 	const char *session;                /* NULL or "": a one-off request */

@@ -40,6 +40,21 @@ void op_swiglu(float *gate, const float *up, int64_t n)
 	}
 }
 
+void op_geglu(float *gate, const float *up, int64_t n)
+{
+	const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+	for (int64_t i = 0; i < n; i++) {
+		float g = gate[i];
+		gate[i] = 0.5f * g * (1.0f + tanhf(c * g * (1.0f + 0.044715f * g * g))) * up[i];
+	}
+}
+
+void op_scale(float *x, float s, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		x[i] *= s;
+}
+
 void op_softmax(float *x, int64_t n)
 {
 	float max = -INFINITY;

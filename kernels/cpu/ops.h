@@ -21,6 +21,12 @@ void op_add_bias(float *x, const float *b, int64_t rows, int64_t n);
 /* gate (n,) = silu(gate) * up  (SwiGLU) */
 void op_swiglu(float *gate, const float *up, int64_t n);
 
+/* gate (n,) = gelu(gate) * up, GELU in its tanh form (ggml's ggml_gelu, Gemma's FFN) */
+void op_geglu(float *gate, const float *up, int64_t n);
+
+/* x (n,) *= s */
+void op_scale(float *x, float s, int64_t n);
+
 /* In place softmax of x (n,); returns nothing, x sums to 1. */
 void op_softmax(float *x, int64_t n);
 

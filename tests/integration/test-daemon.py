@@ -1035,7 +1035,7 @@ POLICY = dict(ERROR=0, TRUNCATE_OLDEST=1, STOP_AT_LIMIT=2)
 
 
 def case_context_policy(args, tmp):
-    """TRUNCATE_OLDEST is refused (CONTEXT_OVERFLOW, saying so) where ERROR would refuse; STOP_AT_LIMIT runs."""
+    """TRUNCATE_OLDEST without a session has nothing to drop: CONTEXT_OVERFLOW saying so; STOP_AT_LIMIT runs."""
     d = Daemon(args, tmp, extra=["--ctx", "256"])
     d.wait_ready()
     c = w.Conn(d.sock)
@@ -1043,13 +1043,16 @@ def case_context_policy(args, tmp):
     long_raw = ("hello " * 400).encode()
     for rid, msg in ((1, w.generate(1, raw=long_raw, max_tokens=4)),
                      (2, w.generate(2, messages=[(1, "Be brief.")] + [(2, "hello " * 100), (3, "ok")] * 3 +
-                                    [(2, "And now?")], max_tokens=4)),
-                     (3, w.generate(3, user=PROMPTS[0], max_tokens=1000))):  # prompt fits, max_tokens does not
+                                    [(2, "And now?")], max_tokens=4))):
         c.send(with_policy(msg, POLICY["TRUNCATE_OLDEST"]))
         res = w.collect(c, rid)
         assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
-        assert "TRUNCATE_OLDEST is not implemented" in res.error[1], res.error
+        assert "no older turns to drop" in res.error[1], res.error
         assert not res.tokens
+    # ERROR (the default): a max_tokens beyond the room is refused, saying how to go on
+    c.send(w.generate(3, user=PROMPTS[0], max_tokens=1000))
+    res = w.collect(c, 3)
+    assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"] and "nothing was dropped" in res.error[1], res.error
     # A request that fits runs as usual, nothing dropped (Done.dropped_tokens, field 6, is 0).
     c.send(with_policy(w.generate(4, user=PROMPTS[0], max_tokens=N_TOKENS), POLICY["TRUNCATE_OLDEST"]))
     res = w.collect(c, 4)
@@ -1063,6 +1066,105 @@ def case_context_policy(args, tmp):
     assert w.first(res.done, 3) + w.first(res.done, 5) <= 256, res.done
     c.close()
     d.stop()
+
+
+def policy_set(msg, policy):
+    """with_policy() plus Generate.context_policy_set (field 10): an explicit choice, even ERROR."""
+    assert msg[0] == 0x12
+    n, i, shift = 0, 1, 0
+    while True:
+        b = msg[i]
+        n, i, shift = n | (b & 0x7f) << shift, i + 1, shift + 7
+        if b < 0x80:
+            break
+    return w.f_bytes(2, msg[i:i + n] + w.f_varint(9, policy) + w.f_varint(10, 1))
+
+
+def case_answer_limit(args, tmp):
+    """No max_tokens: --answer-tokens ends the answer (LENGTH); an answer that fills the context ends LENGTH
+    too, the session keeps it, and the next question says how to go on (then drop-oldest goes on)."""
+    d = Daemon(args, tmp, extra=["--ctx", "160", "--answer-tokens", "6"])
+    d.wait_ready()
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.generate(1, raw=COUNTING.encode(), max_tokens=0))
+    res = w.collect(c, 1)
+    assert res.error is None, res.error
+    assert w.first(res.done, 2) == w.FINISH["LENGTH"] and w.first(res.done, 5) == 6 == len(res.tokens), res.done
+    c.close()
+    d.stop()
+    # --answer-tokens 0: until the context is full; the session's answer ends LENGTH and is kept
+    d = sess_daemon(args, tmp, extra=["--ctx", "80", "--answer-tokens", "0"])
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.generate(2, raw=COUNTING.encode(), max_tokens=0, session="count"))
+    res = w.collect(c, 2)
+    assert res.error is None, res.error
+    assert w.first(res.done, 2) == w.FINISH["LENGTH"], res.done
+    assert w.first(res.done, 3) + w.first(res.done, 5) == 81, res.done  # the last one sampled, not cached
+    c.send(w.generate(3, raw=b" 17,", max_tokens=4, session="count"))
+    res = w.collect(c, 3)
+    assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
+    assert "--on-overflow drop-oldest" in res.error[1] and "new session" in res.error[1], res.error
+    c.send(with_policy(w.generate(4, raw=b" 17,", max_tokens=4, session="count"), POLICY["TRUNCATE_OLDEST"]))
+    res = w.collect(c, 4)
+    assert res.error is None, res.error
+    assert w.first(res.done, 6) > 0 and w.first(res.done, 5) == 4, res.done
+    assert w.first(res.done, 3) <= 80 - 4, res.done
+    c.close()
+    d.stop()
+    return 0
+
+
+def case_truncate_oldest(args, tmp):
+    """A chat session that outgrows the context drops whole oldest turns, never the system prompt or the turn
+    holding an attachment; the policy is kept with the session across a restart; an explicit ERROR refuses."""
+    extra = ["--ctx", "384", "--answer-tokens", "8"]
+    d = sess_daemon(args, tmp, extra=extra)
+    c = w.Conn(d.sock)
+    c.hello()
+    doc = ("The secret word is turnip. " * 6).encode()
+    fd = w.memfd_with(doc)
+    system = [(1, "You are terse.")]
+    c.send(w.generate(1, messages=system + [(2, "Remember the document.")], max_tokens=4, session="long",
+                      attachments=[("doc.txt", 0, len(doc))]), [fd])
+    os.close(fd)
+    first = sess_ok(w.collect(c, 1))
+    pinned = w.first(first.done, 3)
+    dropped, rid = 0, 2
+    for i in range(12):
+        q = "Question %d: tell me about the number %d and its neighbours %s" % (i, i, "and more " * 8)
+        c.send(with_policy(w.generate(rid, user=q, max_tokens=4, session="long"), POLICY["TRUNCATE_OLDEST"]))
+        res = sess_ok(w.collect(c, rid))
+        rid += 1
+        assert w.first(res.done, 3) + 4 <= 384, res.done
+        dropped += w.first(res.done, 6)
+        if dropped:
+            # the system prompt and the attachment's turn stay: the prompt holds at least those
+            assert w.first(res.done, 3) >= pinned, (pinned, res.done)
+            # what was kept before the dropped turn is reused, the rest prefilled again
+            assert w.first(res.done, 4) < w.first(res.done, 3), res.done
+            break
+    assert dropped > 0, "12 turns of ~40 tokens never outgrew a 384-token context"
+    # the policy stays with the session: without one the next question drops again when needed, after a restart
+    c.close()
+    d.stop()
+    d = sess_daemon(args, tmp, extra=extra)
+    c = w.Conn(d.sock)
+    c.hello()
+    big = "Another long question %s" % ("with many words " * 12)
+    c.send(w.generate(rid, user=big, max_tokens=4, session="long"))
+    res = sess_ok(w.collect(c, rid))
+    assert w.first(res.done, 6) > 0, res.done
+    rid += 1
+    # an explicit ERROR refuses and drops nothing
+    big = "Another long question %s" % ("with many words " * 40)
+    c.send(policy_set(w.generate(rid, user=big, max_tokens=4, session="long"), POLICY["ERROR"]))
+    res = w.collect(c, rid)
+    assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
+    c.close()
+    d.stop()
+    return 0
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}

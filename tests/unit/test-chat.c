@@ -189,8 +189,15 @@ START_TEST(test_detect)
 	ck_assert_int_eq(chat_template_detect(s, strlen(s), &t), 0);
 	ck_assert_int_eq(t, CHAT_TEMPLATE_LLAMA2);
 
+	s = "{{ '<start_of_turn>' + role }}";
+	ck_assert_int_eq(chat_template_detect(s, strlen(s), &t), 0);
+	ck_assert_int_eq(t, CHAT_TEMPLATE_GEMMA);
+	s = "{{ '<|im_start|>' }}{% if '</think>' in content %}";
+	ck_assert_int_eq(chat_template_detect(s, strlen(s), &t), 0);
+	ck_assert_int_eq(t, CHAT_TEMPLATE_QWEN3);
+
 	t = CHAT_TEMPLATE_LLAMA3;
-	s = "{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}";
+	s = "{% for m in messages %}<|turn|>{{ m.content }}{% endfor %}";
 	ck_assert_int_eq(chat_template_detect(s, strlen(s), &t), CHAT_E_UNKNOWN_TEMPLATE);
 	ck_assert_int_eq(t, CHAT_TEMPLATE_LLAMA3);  /* untouched on error */
 	/* The marker must be inside the given length. */
@@ -205,7 +212,7 @@ END_TEST
 START_TEST(test_from_gguf_errors)
 {
 	static const char *const gemma[] = {
-		"tokenizer.chat_template", "{{ '<start_of_turn>' + role }}",
+		"tokenizer.chat_template", "{{ '<|turn|>' + role }}",
 	};
 	static const char *const other[] = { "general.name", "x" };
 	Image im;
@@ -295,6 +302,22 @@ START_TEST(test_render_by_hand)
 		      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
 		      "<|im_start|>assistant\n");
 	expect_render(CHAT_TEMPLATE_RAW, conv, 4, NULL, "Be brief.HiYoQ?");
+	/* Gemma 3: the system message opens the first turn (untrimmed), contents trimmed */
+	const ChatMessage gconv[] = {
+		{ "system", " Be brief." }, { "user", " Hi\n" }, { "assistant", "Yo " }, { "user", "Q?" },
+	};
+	expect_render(CHAT_TEMPLATE_GEMMA, gconv, 4, NULL,
+		      "<start_of_turn>user\n Be brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n"
+		      "<start_of_turn>user\nQ?<end_of_turn>\n<start_of_turn>model\n");
+	expect_render(CHAT_TEMPLATE_GEMMA, gconv + 1, 1, NULL,
+		      "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
+	/* Qwen3: earlier answers keep only what follows their last </think> */
+	const ChatMessage qconv[] = {
+		{ "user", "Hi" }, { "assistant", "<think>\nhm\n</think>\n\nYo" }, { "user", "Q?" },
+	};
+	expect_render(CHAT_TEMPLATE_QWEN3, qconv, 3, NULL,
+		      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n"
+		      "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n");
 	/* Python's strip() also removes U+001F and U+00A0, not U+200B. */
 	const ChatMessage ws[] = { { "user", "\x1f\xc2\xa0 x \xe2\x80\x8b" } };
 	expect_render(CHAT_TEMPLATE_LLAMA3, ws, 1, NULL,

@@ -9,6 +9,10 @@
  *   llama-kquant  llama: BF16 attention, Q4_K/Q6_K feed-forward, Q6_K tied
  *                 head, a Q6_K attn_v among BF16 q/k, rope_freqs factors,
  *                 key_length 32 with 4 heads on dim 256
+ *   qwen3-f32     qwen3: per-head Q/K RMSNorm, no biases, separate head, GQA
+ *   gemma3-f32    gemma3: embeddings x sqrt(dim), Q/K head norms, post-norms,
+ *                 GELU-tanh FFN, 6 layers (5 local at RoPE base 10000, 1
+ *                 global at 1e6), one kv head of head_dim 32, tied head
  *
  * Every logit of 12 positions is compared with an exact float64 numpy
  * forward pass over the stored weights; the prompt is evaluated in one
@@ -48,6 +52,7 @@ typedef struct TinyCase {
 	double tol_exact; /* against the exact float64 pass */
 	double tol_actq;  /* against the pass with int8 activations (quantized models) */
 	ModelArch arch;
+	int n_layers;
 	RopeStyle style;
 	int n_heads, n_kv_heads, head_dim, dim;
 	float freq_scale;
@@ -55,14 +60,18 @@ typedef struct TinyCase {
 } TinyCase;
 
 static const TinyCase cases[] = {
-	/* name, tol_exact, tol_actq, arch, style, n_heads, n_kv_heads, head_dim, dim,
+	/* name, tol_exact, tol_actq, arch, n_layers, style, n_heads, n_kv_heads, head_dim, dim,
 	 * freq_scale, tied, biases, rope_freqs */
-	{ "qwen2-f32", 1e-5, 0, MODEL_ARCH_QWEN2, ROPE_STYLE_NEOX, 4, 2, 16, 64,
+	{ "qwen2-f32", 1e-5, 0, MODEL_ARCH_QWEN2, 2, ROPE_STYLE_NEOX, 4, 2, 16, 64,
 	  1.0f, true, true, false },
-	{ "llama-f16", 1e-2, 1e-4, MODEL_ARCH_LLAMA, ROPE_STYLE_NORM, 4, 4, 16, 64,
+	{ "llama-f16", 1e-2, 1e-4, MODEL_ARCH_LLAMA, 2, ROPE_STYLE_NORM, 4, 4, 16, 64,
 	  0.5f, false, false, false },
-	{ "llama-kquant", 3e-2, 1e-4, MODEL_ARCH_LLAMA, ROPE_STYLE_NORM, 4, 2, 32, 256,
+	{ "llama-kquant", 3e-2, 1e-4, MODEL_ARCH_LLAMA, 2, ROPE_STYLE_NORM, 4, 2, 32, 256,
 	  1.0f, true, false, true },
+	{ "qwen3-f32", 1e-5, 0, MODEL_ARCH_QWEN3, 2, ROPE_STYLE_NEOX, 4, 2, 16, 64,
+	  1.0f, false, false, false },
+	{ "gemma3-f32", 1e-5, 0, MODEL_ARCH_GEMMA3, 6, ROPE_STYLE_NEOX, 2, 1, 32, 64,
+	  1.0f, true, false, false },
 };
 /*
  * Measured on x86-64, the same with the AVX2 and the scalar kernels
@@ -214,7 +223,7 @@ START_TEST(tiny_config)
 	ck_assert_int_eq(c->arch, tc->arch);
 	ck_assert_int_eq(c->rope_style, tc->style);
 	ck_assert_int_eq(m->rope.style, tc->style);
-	ck_assert_int_eq(c->n_layers, 2);
+	ck_assert_int_eq(c->n_layers, tc->n_layers);
 	ck_assert_int_eq(c->dim, tc->dim);
 	ck_assert_int_eq(c->n_heads, tc->n_heads);
 	ck_assert_int_eq(c->n_kv_heads, tc->n_kv_heads);
@@ -229,7 +238,23 @@ START_TEST(tiny_config)
 				 m->layers[il].bv != NULL, tc->biases);
 	char desc[256];
 	model_describe(m, desc, sizeof(desc));
-	ck_assert_msg(strstr(desc, tc->arch == MODEL_ARCH_QWEN2 ? "qwen2" : "llama"), "%s", desc);
+	ck_assert_msg(strstr(desc, model_arch_name(tc->arch)), "%s", desc);
+	for (int il = 0; il < c->n_layers; il++) {
+		const LayerWeights *w = &m->layers[il];
+		bool qk = tc->arch == MODEL_ARCH_QWEN3 || tc->arch == MODEL_ARCH_GEMMA3;
+		ck_assert_int_eq(w->q_norm != NULL && w->k_norm != NULL, qk);
+		ck_assert_int_eq(w->post_attn_norm != NULL && w->post_ffw_norm != NULL,
+				 tc->arch == MODEL_ARCH_GEMMA3);
+		/* gemma3: 5 local layers then 1 global */
+		ck_assert_int_eq(w->local, tc->arch == MODEL_ARCH_GEMMA3 && il % 6 != 5);
+	}
+	if (tc->arch == MODEL_ARCH_GEMMA3) {
+		ck_assert_int_eq(c->sliding_window, 16);
+		ck_assert_float_eq(c->rope_base_local, 10000.0f);
+		ck_assert_float_eq(c->rope_base, 1e6f);
+		/* no cache masks a window yet: the context stops at it */
+		ck_assert_int_eq(model_kv_shape(m, 100).capacity, 16);
+	}
 	model_free(m);
 }
 END_TEST
@@ -500,18 +525,23 @@ START_TEST(tiny_mutations_are_detected)
 	const Rope saved = m->rope;
 	double d;
 
+	const Rope saved_local = m->rope_local;
 	/* the other RoPE pairing: NORM for qwen2, NEOX for llama */
 	m->rope.style = tc->style == ROPE_STYLE_NEOX ? ROPE_STYLE_NORM : ROPE_STYLE_NEOX;
+	m->rope_local.style = m->rope.style;
 	d = tolerances_off(m, tp, &ref, tc);
 	m->rope = saved;
+	m->rope_local = saved_local;
 	fprintf(stderr, "%s: wrong rope pairing: %.0fx the tolerance\n", tc->name, d);
 	ck_assert_msg(d > 10, "%s: rope pairing not detected (%.1fx)", tc->name, d);
 
 	/* RoPE without linear scaling and rope_freqs factors */
 	rope_init(&m->rope, c->rope_style, c->n_rot, c->rope_base, 1.0f, NULL);
+	rope_init(&m->rope_local, c->rope_style, c->n_rot, c->rope_base_local, 1.0f, NULL);
 	bool same = !memcmp(&m->rope, &saved, sizeof(saved));
 	d = tolerances_off(m, tp, &ref, tc);
 	m->rope = saved;
+	m->rope_local = saved_local;
 	if (!same) {
 		fprintf(stderr, "%s: rope without scaling/factors: %.0fx the tolerance\n", tc->name, d);
 		ck_assert_msg(d > 10, "%s: rope scaling not detected (%.1fx)", tc->name, d);
@@ -538,6 +568,45 @@ START_TEST(tiny_mutations_are_detected)
 		m->output = out;
 		fprintf(stderr, "%s: tied head: %.0fx the tolerance\n", tc->name, d);
 		ck_assert_msg(d > 10, "%s: output head not detected (%.1fx)", tc->name, d);
+	}
+
+	if (m->layers[0].q_norm) {
+		/* no Q/K head norms in any layer */
+		const float *qn[64], *kn[64];
+		ck_assert_int_le(c->n_layers, 64);
+		for (int il = 0; il < c->n_layers; il++) {
+			qn[il] = m->layers[il].q_norm;
+			kn[il] = m->layers[il].k_norm;
+			m->layers[il].q_norm = m->layers[il].k_norm = NULL;
+		}
+		d = tolerances_off(m, tp, &ref, tc);
+		for (int il = 0; il < c->n_layers; il++) {
+			m->layers[il].q_norm = qn[il];
+			m->layers[il].k_norm = kn[il];
+		}
+		fprintf(stderr, "%s: no Q/K head norms: %.0fx the tolerance\n", tc->name, d);
+		ck_assert_msg(d > 10, "%s: Q/K norms not detected (%.1fx)", tc->name, d);
+	}
+	if (tc->arch == MODEL_ARCH_GEMMA3) {
+		/* local layers at the global RoPE base */
+		m->rope_local = m->rope;
+		d = tolerances_off(m, tp, &ref, tc);
+		m->rope_local = saved_local;
+		fprintf(stderr, "%s: local layers at the global base: %.0fx the tolerance\n", tc->name, d);
+		ck_assert_msg(d > 10, "%s: local RoPE base not detected (%.1fx)", tc->name, d);
+		/* SiLU instead of GELU */
+		m->cfg.ffn_act = FFN_SILU;
+		d = tolerances_off(m, tp, &ref, tc);
+		m->cfg.ffn_act = FFN_GELU;
+		fprintf(stderr, "%s: SiLU FFN: %.0fx the tolerance\n", tc->name, d);
+		ck_assert_msg(d > 10, "%s: GELU not detected (%.1fx)", tc->name, d);
+		/* embeddings not scaled */
+		float es = m->cfg.embd_scale;
+		m->cfg.embd_scale = 1.0f;
+		d = tolerances_off(m, tp, &ref, tc);
+		m->cfg.embd_scale = es;
+		fprintf(stderr, "%s: unscaled embeddings: %.0fx the tolerance\n", tc->name, d);
+		ck_assert_msg(d > 10, "%s: embedding scale not detected (%.1fx)", tc->name, d);
 	}
 
 	ck_assert_double_le(tolerances_off(m, tp, &ref, tc), 1.0);
