@@ -8,6 +8,8 @@ set -eu
 
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# the second real model, for the Gemma 3 golden test (tests/unit/test-gemma.c)
+scripts/fetch-model.sh gemma3-270m >/dev/null
 
 meson test -C build --print-errorlogs
 

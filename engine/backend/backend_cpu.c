@@ -41,11 +41,13 @@ static int cpu_copy(Backend *b, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
-/* Repack what has a tile kernel; the rest is read in place from the mapping. */
+/* Repack what has a tile kernel; the rest is read in place from the mapping.
+ * TURBOKV_NO_REPACK=1 keeps every weight row-major (before/after checks). */
 static int cpu_upload_weight(Backend *b, MatmulWeight *w)
 {
 	MatmulWeight packed;
-	if (!repack_supported(w))
+	const char *e = getenv("TURBOKV_NO_REPACK");
+	if (!repack_supported(w) || (e && *e && strcmp(e, "0") != 0))
 		return 0;
 	int r = repack_weight(w, &packed);
 	if (r < 0)

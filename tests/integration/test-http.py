@@ -11,7 +11,7 @@ on a free loopback port (readiness of both seen on a NOTIFY_SOCKET), then:
   ollama      the `ollama` PyPI package: list, show, ps, version, chat and
               generate streamed and not, equal to the same greedy answer;
   session     the X-Turbokv-Session extension: turn two reuses the daemon's
-              cache (cached_tokens > 0);
+              cache (cached_tokens > 0); a --listen unix:PATH listener;
   bad_input   raw sockets and curl: malformed JSON, wrong types, unsupported
               fields, huge bodies and headers, slow headers, unknown routes and
               methods, a token from the configuration file, a non-loopback
@@ -94,7 +94,7 @@ def free_port():
 class Stack:
     """turbokvd + turbokv-http."""
 
-    def __init__(self, args, tmp, config=None):
+    def __init__(self, args, tmp, config=None, unix=None):
         self.args = args
         self.sock = os.path.join(tmp, "turbokvd.sock")
         self.daemon = Proc("turbokvd", [args.daemon, "--threads", THREADS, "--socket", self.sock,
@@ -102,6 +102,8 @@ class Stack:
                            env={"XDG_STATE_HOME": os.path.join(tmp, "state")}).wait_ready()
         self.port = free_port()
         cmd = [args.gateway, "--listen", "127.0.0.1:%d" % self.port, "--socket", self.sock]
+        if unix:
+            cmd += ["--listen", "unix:" + unix]
         if config:
             path = os.path.join(tmp, "turbokv-http.conf")
             with open(path, "w") as f:
@@ -237,7 +239,21 @@ def case_ollama(args, tmp):
 
 
 def case_session(args, tmp):
-    s = Stack(args, tmp)
+    unix = os.path.join(tmp, "http.sock")
+    s = Stack(args, tmp, unix=unix)
+    # The Unix-socket listener serves the same API.
+    u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    u.settimeout(60)
+    u.connect(unix)
+    u.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    got = b""
+    while True:
+        b = u.recv(4096)
+        if not b:
+            break
+        got += b
+    u.close()
+    assert got.startswith(b"HTTP/1.1 200") and b'"object":"list"' in got, got
     h = {"X-Turbokv-Session": "chat-1", "Content-Type": "application/json"}
     body = {"messages": msgs(QUESTION), "max_tokens": N, "temperature": 0}
     st, _, d = s.request("POST", "/v1/chat/completions", body, h)
