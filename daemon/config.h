@@ -21,6 +21,8 @@
  *   --idle-timeout S   idle-timeout=S      TURBOKV_IDLE_TIMEOUT    seconds, 0 never (1800; bounds.h)
  *   --answer-tokens N  answer-tokens=N     TURBOKV_ANSWER_TOKENS   answer limit of a request without
  *                                          max_tokens, 0..2^24, 0 none (1024)
+ *   --prefix-cache N   prefix-cache=N      TURBOKV_PREFIX_CACHE    anonymous prefix caches kept per uid,
+ *                                          0..64, 0 off (4; daemon/prefixcache.h)
  *   --on-overflow P    on-overflow=P       TURBOKV_ON_OVERFLOW     error | drop-oldest: the context
  *                                          policy of requests and sessions that choose none (error)
  *   --config FILE      -                   TURBOKV_CONFIG
@@ -62,6 +64,7 @@ typedef struct Config {
 	unsigned connections_per_user; /* connections one uid may hold */
 	unsigned idle_timeout_s; /* a connection with nothing in flight is closed after this; 0: never */
 	uint32_t answer_tokens;  /* max_tokens of a request that gives none; 0: until the context is full */
+	unsigned prefix_cache;   /* anonymous prefix caches per uid (prefixcache.h); 0: none */
 	bool drop_oldest;        /* --on-overflow drop-oldest: the default policy is CONTEXT_POLICY_TRUNCATE_OLDEST */
 	char *config_path;
 	bool help;
@@ -74,6 +77,8 @@ typedef struct Config {
 #define CONFIG_CONNECTIONS_PER_USER_DEFAULT 32u
 #define CONFIG_IDLE_TIMEOUT_DEFAULT_S 1800u
 #define CONFIG_ANSWER_TOKENS_DEFAULT 1024u
+#define CONFIG_PREFIX_CACHE_DEFAULT 4u
+#define CONFIG_PREFIX_CACHE_MAX 64u /* = PREFIXCACHE_MAX_PER_UID */
 #define CONFIG_ANSWER_TOKENS_MAX (1u << 24) /* = PROTOCOL_MAX_MAX_TOKENS */
 
 /* Positive codes of this module. */

@@ -16,6 +16,7 @@
 #include "daemon/listener.h"
 #include "daemon/log.h"
 #include "daemon/manager.h"
+#include "daemon/prefixcache.h"
 #include "daemon/scheduler.h"
 #include "daemon/sessions.h"
 #include "daemon/worker.h"
@@ -46,6 +47,7 @@ Manager *manager_free(Manager *m)
 	while (m->connections)
 		connection_free(m->connections);
 	m->sessions = sessions_free(m->sessions); /* after the requests gave their sessions back */
+	m->prefixes = prefixcache_free(m->prefixes);
 	m->scheduler = scheduler_free(m->scheduler);
 	m->listener = listener_free(m->listener);
 	model_run_free(m->run);
@@ -428,6 +430,8 @@ int manager_startup(Manager *m)
 		return r;
 	if ((r = scheduler_new(m, &m->scheduler)) < 0)
 		return log_error_errno(r, "cannot set up the scheduler: %m");
+	if ((r = prefixcache_new(cfg->prefix_cache, &m->prefixes)) < 0)
+		return log_error_errno(r, "out of memory");
 	if ((r = sessions_new(m, &m->sessions)) < 0)
 		return r;
 	if ((r = listener_new(m, cfg->socket_path, &m->listener)) < 0)

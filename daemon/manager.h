@@ -48,6 +48,7 @@ typedef struct Manager {
 	Listener *listener;
 	Scheduler *scheduler;
 	Sessions *sessions;     /* named sessions (sessions.h) */
+	struct PrefixCache *prefixes; /* anonymous requests' caches per uid (prefixcache.h) */
 	Worker *worker;         /* model work, off the loop (worker.h) */
 	Worker *io_worker;      /* session file saves, off the loop */
 	sd_event_source *watchdog;

@@ -11,6 +11,7 @@
 
 #include "daemon/connection.h"
 #include "daemon/log.h"
+#include "daemon/prefixcache.h"
 #include "daemon/request.h"
 #include "daemon/sessions.h"
 #include "engine/kv/kvstore.h"
@@ -589,6 +590,7 @@ int request_new_consume_fds(Manager *m, Connection *c, const Turbokv__V1__Genera
 	r->manager = m;
 	r->conn = c;
 	r->id = g->request_id;
+	r->uid = c->cred.uid;
 	r->state = REQUEST_QUEUED;
 	/* no max_tokens: the daemon's answer limit (config.h) */
 	r->max_tokens = g->max_tokens ? g->max_tokens : m->config->answer_tokens;
@@ -671,6 +673,13 @@ Request *request_free(Request *r)
 	text_stream_done(&r->stream);
 	if (r->session)
 		request_session_release(r);
+	else if (r->kv && r->state == REQUEST_DECODE && r->manager->prefixes) {
+		/* a finished prefill: the cache is whole, for the uid's next request with this prefix */
+		const Config *cfg = r->manager->config;
+		uint64_t used = sessions_memory_bytes(r->manager->sessions);
+		uint64_t budget = cfg->session_memory > used ? cfg->session_memory - used : 0;
+		(void)prefixcache_put(r->manager->prefixes, r->uid, TAKE_PTR(r->kv), r->tokens, r->n_tokens, budget);
+	}
 	for (size_t i = 0; i < r->n_turns; i++)
 		free(r->turns[i].text);
 	free(r->turns);
@@ -711,12 +720,17 @@ int request_activate(Request *r, Manager *m)
 	int k;
 
 	assert(r->state == REQUEST_QUEUED);
-	if (r->session)
-		cap = m->n_ctx; /* the session goes on after this request */
+	bool anon = !r->session && m->config->prefix_cache > 0;
+	if (r->session || anon)
+		cap = m->n_ctx; /* the session (or the prefix cache) goes on after this request */
 	Error err = { 0 };
+	size_t keep = 0;
 	if (r->session && request_session_reuse(r))
 		k = 0;
-	else
+	else if (anon && (r->kv = prefixcache_take(m->prefixes, r->uid, r->tokens, r->n_prompt, cap, &keep))) {
+		r->n_prefilled = r->n_cached = keep;
+		k = 0;
+	} else
 		/* A fixed codec seed: the same question gets the same greedy answer
 		 * (and turbokv-lab's, which uses seed 0 too); sessions record it. */
 		k = model_kvcache_new(m->model, m->kv_plan, MANAGER_KV_SEED, cap, &r->kv, &err);

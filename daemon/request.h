@@ -60,6 +60,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "daemon/manager.h"
 #include "daemon/stream.h"
@@ -77,6 +78,7 @@ struct Request {
 	Manager *manager;       /* borrowed */
 	Connection *conn;       /* borrowed: the connection owns the request; NULL once orphaned */
 	uint64_t id;
+	uid_t uid;              /* the caller's (SO_PEERCRED): sessions and prefix caches are its own */
 	RequestState state;
 	bool in_job;            /* the worker is evaluating it: the loop leaves kv, logits, tokens alone */
 	bool orphaned;          /* left its connection during a job; the scheduler frees it after (scheduler.h) */

@@ -1167,6 +1167,37 @@ def case_truncate_oldest(args, tmp):
     return 0
 
 
+def case_prefix_reuse(args, tmp):
+    """A stateless chat (the whole history every turn, no session) reuses the caller's cached prefix
+    (Done.cached_tokens), and the answer is token for token the one computed from scratch."""
+    q1, q2 = PROMPTS
+    d = sess_daemon(args, tmp, extra=["--ctx", "512"])
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.generate(1, messages=[(1, "Be brief."), (2, q1)], max_tokens=N_TOKENS))
+    r1 = sess_ok(w.collect(c, 1))
+    assert w.first(r1.done, 4) == 0, r1.done
+    hist = [(1, "Be brief."), (2, q1), (3, r1.text.decode()), (2, q2)]
+    c.close()
+    c = w.Conn(d.sock)  # another connection of the same uid: the cache is the uid's, not the connection's
+    c.hello()
+    c.send(w.generate(2, messages=hist, max_tokens=N_TOKENS))
+    r2 = sess_ok(w.collect(c, 2))
+    assert w.first(r2.done, 4) >= w.first(r1.done, 3) - 1, ("turn 2 reused too little", r1.done, r2.done)
+    c.close()
+    d.stop()
+    d = sess_daemon(args, tmp, extra=["--ctx", "512", "--prefix-cache", "0"])
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.generate(3, messages=hist, max_tokens=N_TOKENS))
+    r3 = sess_ok(w.collect(c, 3))
+    assert w.first(r3.done, 4) == 0, r3.done
+    assert r3.tokens == r2.tokens, ("reused prefix changed the answer", r2.tokens, r3.tokens)
+    c.close()
+    d.stop()
+    return 0
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 

@@ -795,6 +795,58 @@ START_TEST(test_conversation_only)
 }
 END_TEST
 
+/* Version 5: the session's policy and pinned messages come back; a version 4 file loads whole. */
+START_TEST(test_policy_pinned_v4)
+{
+	uint64_t rng = test_seed() + 23;
+	KvPlan *plan = NULL;
+	KvCache *kv = cache_filled("pk5:tq3.5_nc", &plan, 45, &rng);
+	SessionState *s = state_new(kv, 46, &rng);
+	int dir = dir_open();
+	Error err = { 0 };
+	SessionExpect e = expect_of(plan);
+	SessionState *r = NULL;
+	size_t len;
+
+	s->policy = SESSION_POLICY_DROP_OLDEST;
+	s->messages[1].pinned = true;
+	ck_assert_int_eq(session_save_at(dir, "v5.tkvs", s, FP, "pk5:tq3.5_nc", NULL, NULL, &err), 0);
+	ck_assert_msg(session_load_at(dir, "v5.tkvs", &e, &r, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(r->policy, SESSION_POLICY_DROP_OLDEST);
+	ck_assert(!r->messages[0].pinned && r->messages[1].pinned && !r->messages[2].pinned);
+	assert_same_cache(s->kv, r->kv);
+	session_state_free(r);
+	r = NULL;
+
+	/* the same without the new fields, stamped version 4 (what 4 wrote): the cache loads, bit for bit */
+	s->policy = SESSION_POLICY_NONE;
+	s->messages[1].pinned = false;
+	ck_assert_int_eq(session_save_at(dir, "v4.tkvs", s, FP, "pk5:tq3.5_nc", NULL, NULL, &err), 0);
+	uint8_t *data = file_read(dir, "v4.tkvs", &len);
+	ck_assert_uint_eq(data[8], SESSION_VERSION);
+	data[8] = 4;
+	put_le(data + 60, crc32c(data, 60), 4);
+	ck_assert_msg(session_read(data, len, &e, &r, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(r->policy, SESSION_POLICY_NONE);
+	assert_same_cache(s->kv, r->kv);
+	session_state_free(r);
+	r = NULL;
+	/* a version 4 file with a policy, or version 5 with an unknown one, is refused */
+	put_le(data + 56, SESSION_POLICY_DROP_OLDEST, 4);
+	put_le(data + 60, crc32c(data, 60), 4);
+	ck_assert_int_eq(session_read(data, len, &e, &r, &err), SESSION_E_HEADER);
+	data[8] = 5;
+	put_le(data + 56, _SESSION_POLICY_MAX, 4);
+	put_le(data + 60, crc32c(data, 60), 4);
+	ck_assert_int_eq(session_read(data, len, &e, &r, &err), SESSION_E_HEADER);
+	ck_assert_ptr_null(r);
+	free(data);
+	session_state_free(s);
+	kvplan_free(plan);
+	close(dir);
+}
+END_TEST
+
 START_TEST(test_enospc_keeps_old)
 {
 	uint64_t rng = test_seed() + 3;
@@ -902,6 +954,7 @@ static Suite *session_suite(void)
 	tcase_add_test(tc, test_pk_records);
 	tcase_add_test(tc, test_old_sessions);
 	tcase_add_test(tc, test_conversation_only);
+	tcase_add_test(tc, test_policy_pinned_v4);
 	tcase_add_test(tc, test_enospc_keeps_old);
 	tcase_add_test(tc, test_not_a_file);
 	tcase_add_test(tc, test_write_corpus);

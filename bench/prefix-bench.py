@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""prefix-bench.py: issue 23's number: time to first token of the last turn of a stateless chat
+(the client sends the whole history every turn, no session name), with and without prefix reuse.
+
+Usage: bench/prefix-bench.py --daemon BUILD/daemon/turbokvd [--turns 10] [--runs 3] [--answer 32]
+                             [--threads N] [--kv SPEC] [--json]
+
+For each run, two daemons in turn on a fresh temporary state directory: one with the default
+--prefix-cache (reuse) and one with --prefix-cache 0 (every turn prefills the whole history).
+Each plays the same --turns-turn chat: turn i sends the system prompt, the i - 1 earlier
+questions with the answers the daemon gave, and question i (greedy, --answer tokens at most).
+The runs interleave the two daemons, so a machine that is busy with something else slows both
+alike; reported are the medians of the last turn's Done.ttft_ms (request received to first token,
+queueing included) and Done.prefill_ms, its prompt and cached tokens, and their ratio.
+Talks to the daemon with tests/integration/tkvwire.py.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+import tkvwire as w  # noqa: E402
+
+SYSTEM = "You are a helpful assistant who answers in a few sentences."
+TOPICS = ["rivers", "mountains", "bread", "bicycles", "libraries", "volcanoes", "gardens", "trains", "bees",
+          "lighthouses", "glaciers", "markets"]
+
+
+class Daemon:
+    def __init__(self, daemon, tmp, extra):
+        self.sock = os.path.join(tmp, "turbokvd.sock")
+        notify = os.path.join(tmp, "notify")
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(notify)
+        self.notify.settimeout(1)
+        env = dict(os.environ, NOTIFY_SOCKET=notify)
+        self.proc = subprocess.Popen([daemon, "--socket", self.sock, "--state-dir", os.path.join(tmp, "state")]
+                                     + extra, env=env, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        self.reader = threading.Thread(target=lambda: [self.log.append(x) for x in self.proc.stderr], daemon=True)
+        self.reader.start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "turbokvd exited: " + "".join(self.log)
+            try:
+                if "READY=1" in self.notify.recv(4096).decode().split("\n"):
+                    return
+            except socket.timeout:
+                pass
+        raise RuntimeError("turbokvd not ready")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(600)
+        self.reader.join(10)
+        self.notify.close()
+        assert rc == 0, "turbokvd exited with %d: %s" % (rc, "".join(self.log[-5:]))
+
+
+def chat(d, turns, answer):
+    """Play the stateless chat; returns the last turn's Done as a dict."""
+    hist = [(1, SYSTEM)]
+    last = None
+    for i in range(turns):
+        hist.append((2, "Tell me something about %s, and how it relates to what we said before." %
+                     TOPICS[i % len(TOPICS)]))
+        c = w.Conn(d.sock, timeout=3600)
+        c.hello()
+        c.send(w.generate(i + 1, messages=hist, max_tokens=answer))
+        res = w.collect(c, i + 1)
+        c.close()
+        assert res.error is None, res.error
+        hist.append((3, res.text.decode(errors="replace")))
+        last = res.done
+    return dict(prompt=w.first(last, 3), cached=w.first(last, 4), prefill_ms=w.done_double(last, 7),
+                ttft_ms=w.done_double(last, 9))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--daemon", required=True)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--answer", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--kv", default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    extra = (["--threads", str(args.threads)] if args.threads else []) + (["--kv", args.kv] if args.kv else [])
+    results = {"reuse": [], "none": []}
+    for run in range(args.runs):
+        for mode, flags in (("reuse", []), ("none", ["--prefix-cache", "0"])):
+            tmp = tempfile.mkdtemp(prefix="tkv-prefixbench-")
+            try:
+                d = Daemon(args.daemon, tmp, extra + flags)
+                try:
+                    results[mode].append(chat(d, args.turns, args.answer))
+                finally:
+                    d.stop()
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    out = {}
+    for mode, rs in results.items():
+        out[mode] = {k: statistics.median(r[k] for r in rs) for k in ("prompt", "cached", "prefill_ms", "ttft_ms")}
+        out[mode]["runs"] = rs
+    out["ttft_ratio"] = out["none"]["ttft_ms"] / max(out["reuse"]["ttft_ms"], 1e-9)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print("turn %d of a stateless chat, median of %d runs (answers <= %d tokens):" % (args.turns, args.runs,
+                                                                                      args.answer))
+    for mode in ("none", "reuse"):
+        o = out[mode]
+        print("  %-22s prompt %5d tokens, cached %5d, prefill %8.1f ms, time to first token %8.1f ms" %
+              ("no reuse (--prefix-cache 0)" if mode == "none" else "prefix reuse (default)", o["prompt"],
+               o["cached"], o["prefill_ms"], o["ttft_ms"]))
+    print("  time to first token: %.2fx faster with reuse" % out["ttft_ratio"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
