@@ -160,7 +160,9 @@ def case_openai(args, tmp):
     assert r.choices[0].message.role == "assistant"
     assert r.usage.completion_tokens <= N and r.usage.prompt_tokens > 5, r.usage
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
-    assert r.usage.prompt_tokens_details.cached_tokens == 0, r.usage
+    # the native client asked the same question just before, as the same user: the daemon's
+    # anonymous prefix cache (issue 23) gives back all of the prompt but its last token
+    assert 0 < r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens, r.usage
     assert r.model == model and r.object == "chat.completion"
 
     parts, finish, usage = [], None, None
