@@ -107,11 +107,11 @@ static char *check_template(const uint8_t *data, size_t size)
 	r = chat_template_detect((const char *)data, size, &t);
 	CHECK(r == 0 || r == CHAT_E_UNKNOWN_TEMPLATE);
 	if (r == 0)
-		CHECK(t >= CHAT_TEMPLATE_CHATML && t <= CHAT_TEMPLATE_LLAMA2);
+		CHECK(t >= CHAT_TEMPLATE_CHATML && t <= CHAT_TEMPLATE_QWEN3);
 	if (memmem(data, size, "<|im_start|>", 12))
-		CHECK(r == 0 && t == CHAT_TEMPLATE_CHATML);
+		CHECK(r == 0 && t == (memmem(data, size, "</think>", 8) ? CHAT_TEMPLATE_QWEN3 : CHAT_TEMPLATE_CHATML));
 	if (!memmem(data, size, "<|im_start|>", 12) && !memmem(data, size, "<|start_header_id|>", 19) &&
-	    !memmem(data, size, "[INST]", 6))
+	    !memmem(data, size, "[INST]", 6) && !memmem(data, size, "<start_of_turn>", 15))
 		CHECK(r == CHAT_E_UNKNOWN_TEMPLATE);
 
 	gguf_image(data, size, &img);
