@@ -220,7 +220,10 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 				l->max_record = MAX(l->max_record, rec);
 			}
 		l->block_bytes[i] = l->file->block_bytes(kv, i);
-		l->layer_len[i] = 16 + (uint64_t)sh->n_kv_heads * l->n_blocks * l->block_bytes[i];
+		l->layer_len[i] = 16;
+		for (int h = 0; h < sh->n_kv_heads; h++)
+			for (uint32_t b = 0; b < l->n_blocks; b++)
+				l->layer_len[i] += l->file->block_file_bytes(kv, i, h, b, n_kv);
 	}
 	if (l->kv_len > SESSION_MAX_KV_SECTION)
 		return error_set(err, -EINVAL, "a KV section of %llu bytes: beyond the format",
@@ -324,8 +327,10 @@ static int write_layer_section(Out *o, const Layout *l, const SessionState *s, i
 	out_u64(o, bytes);
 	for (int h = 0; h < l->n_kv_heads; h++)
 		for (uint32_t b = 0; b < l->n_blocks; b++) {
-			l->file->block_save(s->kv, layer, h, b, l->n_kv, scratch);
-			out_put(o, scratch, bytes);
+			size_t n = l->file->block_file_bytes(s->kv, layer, h, b, l->n_kv);
+			assert(n <= bytes);
+			l->file->block_pack(s->kv, layer, h, b, l->n_kv, scratch);
+			out_put(o, scratch, n);
 		}
 	out_section_end(o);
 	return o->error;
@@ -566,9 +571,15 @@ static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCa
 				uint64_t want = fo->record_bytes(kv, i, h, role, hd->n_kv);
 				if (len - pos < 8 || get_le(p + pos, 4) != tag || get_le(p + pos + 4, 4) != want ||
 				    want > len - pos - 8)
-					return error_set(err, SESSION_E_KV_TYPE,
-							 "layer %d head %d %c: saved with another KV type", i, h,
-							 role ? 'V' : 'K');
+					return hd->version < SESSION_VERSION_BLOCKS
+						? error_set(err, SESSION_E_KV_TYPE,
+							    "layer %d head %d %c: saved by an older turbokv (session "
+							    "file version %u), whose records of this KV type this build "
+							    "no longer reads: the prompt is recomputed", i, h,
+							    role ? 'V' : 'K', hd->version)
+						: error_set(err, SESSION_E_KV_TYPE,
+							    "layer %d head %d %c: saved with another KV type", i, h,
+							    role ? 'V' : 'K');
 				pos += 8 + want;
 			}
 	}
@@ -674,6 +685,20 @@ static int read_messages(In *in, uint32_t version, SessionState *s, Error *err)
 	return 0;
 }
 
+/* Bytes of the LAYER section of layer in a file of hd's version: whole blocks before version 6. */
+static uint64_t layer_payload(const SessionHeader *hd, const KvCache *kv, int layer)
+{
+	const KvCacheFileOps *fo = kvcache_file(kv);
+	uint32_t n_blocks = (hd->n_kv + BT - 1) / BT;
+	if (hd->version < SESSION_VERSION_BLOCKS)
+		return 16 + (uint64_t)kv->shape.n_kv_heads * n_blocks * fo->block_bytes(kv, layer);
+	uint64_t len = 16;
+	for (int h = 0; h < kv->shape.n_kv_heads; h++)
+		for (uint32_t b = 0; b < n_blocks; b++)
+			len += fo->block_file_bytes(kv, layer, h, b, hd->n_kv);
+	return len;
+}
+
 /* A LAYER section into layer of kv. */
 static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, Error *err)
 {
@@ -681,7 +706,8 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 	const KvCacheFileOps *fo = kvcache_file(kv);
 	size_t bytes = fo->block_bytes(kv, layer);
 	uint32_t n_blocks = (hd->n_kv + BT - 1) / BT;
-	uint64_t expect = 16 + (uint64_t)sh->n_kv_heads * n_blocks * bytes;
+	uint64_t expect = layer_payload(hd, kv, layer);
+	bool whole = hd->version < SESSION_VERSION_BLOCKS;
 	char what[48];
 	const uint8_t *p;
 	uint64_t len;
@@ -696,9 +722,13 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 				 (unsigned long long)get_le(p + 8, 8), layer, n_blocks, bytes);
 	p += 16;
 	for (int h = 0; h < sh->n_kv_heads; h++)
-		for (uint32_t b = 0; b < n_blocks; b++, p += bytes)
-			if ((r = fo->block_load(kv, layer, h, b, hd->n_kv, p)) != 0)
+		for (uint32_t b = 0; b < n_blocks; b++) {
+			r = whole ? fo->block_load(kv, layer, h, b, hd->n_kv, p)
+				  : fo->block_unpack(kv, layer, h, b, hd->n_kv, p);
+			if (r != 0)
 				return error_set(err, r, "cannot restore a block: %s", strerror(-r));
+			p += whole ? bytes : fo->block_file_bytes(kv, layer, h, b, hd->n_kv);
+		}
 	return 0;
 }
 
