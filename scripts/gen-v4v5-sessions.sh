@@ -18,8 +18,8 @@ for pair in v4:18e1e9a^ v5:92dca67; do
 	git worktree add --detach "$tmp/$v" "$commit" >/dev/null
 	(
 		cd "$tmp/$v"
-		meson setup build --buildtype=release -Dcuda=disabled >/dev/null
-		ninja -C build engine/libtkv-engine.a engine/libtkv-nocuda.a kernels/libtkv-kernels-cpu.a \
+		meson setup build --buildtype=release -Dcuda=disabled -Dtests=false -Dcomponents=gpu >/dev/null
+		ninja -j2 -C build engine/libtkv-engine.a engine/libtkv-nocuda.a kernels/libtkv-kernels-cpu.a \
 			kernels/libtkv-kernels-avx2.a kernels/libtkv-kernels-avx512.a base/libtkv-base.a >/dev/null
 		gcc -std=c11 -D_GNU_SOURCE -O1 -I. "$root/scripts/gen-v4v5-sessions.c" -o "$tmp/gen-$v" \
 			-Wl,--start-group build/engine/libtkv-engine.a build/engine/libtkv-nocuda.a \

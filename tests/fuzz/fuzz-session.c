@@ -9,7 +9,7 @@
  * the f32 cache, q8_0, tq4, "tq4+qjl:tq3.5o", "tq4_nc+c:tq3" (centered
  * keys), "pk4:tq3" (pair-coded keys) and the default "pk5:tq3.5_nc"
  * (version 6's compact records and blocks; the corpus has files of 1 and
- * 44 tokens, and files versions 4 and 5 wrote). An input whose last byte is odd gets its header and section
+ * 44 tokens). An input whose last byte is odd gets its header and section
  * checksums recomputed first (walking the section lengths it claims), so
  * that mutations also reach the checks behind the CRCs.
  *

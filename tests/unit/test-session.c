@@ -27,6 +27,7 @@
 #include "engine/codec/tq.h"
 #include "engine/gguf/gguf.h"
 #include "engine/kv/kvstore.h"
+#include "engine/model/model.h"
 #include "engine/session/session.h"
 #include "tests/unit/testutil.h"
 
@@ -680,6 +681,93 @@ START_TEST(test_old_sessions)
 }
 END_TEST
 
+/*
+ * Files versions 4 and 5 really wrote (tests/data/session/v4-*, v5-*,
+ * made by scripts/gen-v4v5-sessions.sh with those versions' last
+ * commits): the tiny K-quant model's session after a 40-token prompt and
+ * 8 generated tokens, and the 8 tokens it generated after token 3
+ * (NAME.tokens). Those whose records this build still writes (the f32
+ * cache, q8_0) load whole, and the restored cache generates the same
+ * tokens; the pk one gives its conversation and says it is older.
+ */
+START_TEST(test_v4_v5_files)
+{
+	static const struct { const char *name, *spec; bool whole; } files[] = {
+		{ "v4-f32", NULL, true }, { "v4-q8_0", "q8_0", true }, { "v4-pk5-tq3.5nc", "pk5:tq3.5_nc", false },
+		{ "v5-f32", NULL, true }, { "v5-q8_0", "q8_0", true }, { "v5-pk5-tq3.5nc", "pk5:tq3.5_nc", false },
+	};
+	Model *m = NULL;
+	Error err = { 0 };
+	ck_assert_msg(model_load(test_data_path("tiny/llama-kquant.gguf"), &m, &err) == 0, "%s", err.msg);
+	int nv = m->cfg.n_vocab;
+	float *logits = malloc(sizeof(float) * nv);
+	ck_assert_ptr_nonnull(logits);
+	for (size_t i = 0; i < ARRAY_SIZE(files); i++) {
+		char path[128];
+		size_t len, tlen;
+		snprintf(path, sizeof(path), "session/%s.tkvs", files[i].name);
+		uint8_t *data = (uint8_t *)test_read_file(test_data_path(path), &len);
+		snprintf(path, sizeof(path), "session/%s.tokens", files[i].name);
+		char *text = test_read_file(test_data_path(path), &tlen);
+		ck_assert_msg(data && text, "%s: run scripts/gen-v4v5-sessions.sh", files[i].name);
+		ck_assert_uint_eq(data[8], files[i].name[1] - '0');
+		int32_t want[8];
+		char *p = text;
+		for (int t = 0; t < 8; t++)
+			want[t] = (int32_t)strtol(p, &p, 10);
+		KvPlan *plan = NULL;
+		if (files[i].spec)
+			ck_assert_int_eq(kvplan_from_text(files[i].spec, m->cfg.n_layers, m->cfg.n_kv_heads,
+							  m->cfg.head_dim, &plan, NULL), 0);
+		SessionExpect e = { .fingerprint = gguf_fingerprint(m->gguf), .shape = model_kv_shape(m, 128),
+				    .n_vocab = nv, .plan = plan };
+		SessionState *r = NULL;
+		int got = session_read(data, len, &e, &r, &err);
+		if (!files[i].whole) {
+			ck_assert_msg(got == SESSION_E_KV_TYPE, "%s: %d %s", files[i].name, got, err.msg);
+			ck_assert_ptr_nonnull(strstr(err.msg, "older turbokv"));
+			ck_assert_msg(session_read_conversation(data, len, &e, &r, &err) == 0, "%s", err.msg);
+			ck_assert_ptr_null(r->kv);
+		} else {
+			ck_assert_msg(got == 0, "%s: %d %s", files[i].name, got, err.msg);
+			ck_assert_int_eq(kvcache_n_tokens(r->kv), 48);
+		}
+		ck_assert_uint_eq(r->n_tokens, 48);
+		for (int t = 0; t < 40; t++)
+			ck_assert_int_eq(r->tokens[t], (t * 37 + 11) % nv);
+		ck_assert_uint_eq(r->n_messages, 2);
+		ck_assert_str_eq(r->messages[0].text, "Where is Lisbon?");
+		ck_assert_str_eq(r->messages[1].text, "In Portugal.");
+		if (files[i].whole) {
+			/* the restored cache goes on as the old build's did: token 3, then 8 greedy tokens */
+			KvCache *kv = NULL;
+			ModelRun *run = NULL;
+			ck_assert_int_eq(model_kvcache_adopt(m, r->kv, &kv, &err), 0);
+			r->kv = NULL;
+			ck_assert_int_eq(model_run_new(m, 64, NULL, &run), 0);
+			int32_t tok = 3;
+			for (int t = 0; t < 8; t++) {
+				ck_assert_int_eq(model_eval(m, run, kv, &tok, 1, logits, NULL), 0);
+				tok = 0;
+				for (int j = 1; j < nv; j++)
+					if (logits[j] > logits[tok])
+						tok = j;
+				ck_assert_msg(tok == want[t], "%s: token %d is %d, the old build made %d", files[i].name,
+					      t, tok, want[t]);
+			}
+			model_run_free(run);
+			kvcache_free(kv);
+		}
+		session_state_free(r);
+		kvplan_free(plan);
+		free(data);
+		free(text);
+	}
+	free(logits);
+	model_free(m);
+}
+END_TEST
+
 /* pk-key records: each field checked */
 START_TEST(test_pk_records)
 {
@@ -1034,6 +1122,7 @@ static Suite *session_suite(void)
 	tcase_add_test(tc, test_centered_records);
 	tcase_add_test(tc, test_pk_records);
 	tcase_add_test(tc, test_old_sessions);
+	tcase_add_test(tc, test_v4_v5_files);
 	tcase_add_test(tc, test_conversation_only);
 	tcase_add_test(tc, test_policy_pinned_v4);
 	tcase_add_test(tc, test_size_vs_f16);
