@@ -1,6 +1,6 @@
 /*
  * fmt_centered.c: "+c", centered keys on any key format that does not
- * center by itself (kvformat.h): kvcenter.h keeps block 0 exact and mu;
+ * center by itself (kvformat.h): kvcenter.h keeps block 0 (binary16) and mu;
  * the inner format (plain or TurboQuant) stores k - mu for the positions
  * after block 0 (zero vectors in block 0's rows, never read), and scores
  * go back to the frame of the exact keys by <q, mu>.
@@ -67,7 +67,7 @@ static int centered_supports(const KvType *t, KvRole role, const KvCacheShape *s
 {
 	if (role == KV_ROLE_V)
 		return error_set(err, KVFORMAT_E_UNSUPPORTED, "+c on values (keys only)");
-	if (dev == KV_DEVICE_CUDA) /* no kernels yet for the exact block 0 and mu */
+	if (dev == KV_DEVICE_CUDA) /* no kernels yet for the kept block 0 and mu */
 		return error_set(err, KVFORMAT_E_UNSUPPORTED,
 				 "centered keys (+c) run on the CPU only for now; drop the +c for the GPU");
 	KvType in = inner_type(t);

@@ -2,7 +2,7 @@
  * fmt_pk.c: pair-coded keys, the `pk<B>` key format (kvformat.h): each
  * block of 32 keys past block 0 coded by kvpk.h with a scale and a bit
  * width per RoPE pair, spent where the queries' energy is. Always
- * centered (kvcenter.h: block 0 exact, later keys stored minus mu).
+ * centered (kvcenter.h: block 0 as binary16, later keys stored minus mu).
  *
  * == What a side keeps ==
  *
@@ -18,10 +18,10 @@
  *     is coded by the append that completes it; the stage keeps the rows
  *     of the last coded block and of the partial one after it, and a
  *     batch's rows until the next append (its queries read their own
- *     block exact, so scores do not depend on how a prompt was split).
+ *     block as staged, so scores do not depend on how a prompt was split).
  *     Rows of older blocks are let go at the next append.
  *   - A rewind (an append below the rows appended) into the last coded
- *     block finds its rows still exact; one into an earlier block puts
+ *     block finds its rows still staged; one into an earlier block puts
  *     that block's rows before pos0 back into the stage as the codes read
  *     (coded again once the block is whole).
  *
@@ -69,7 +69,7 @@ typedef struct PkSide {
 	bool w_chosen;
 	int w_source;                 /* how: 1 from qe, 2 equal weights (the record's word) */
 	bool w_observed;              /* observe() chose w for the append that comes next */
-	float *stage;                 /* (stage_cap, d) exact keys of positions stage_pos.. */
+	float *stage;                 /* (stage_cap, d) keys (binary16-rounded) of positions stage_pos.. */
 	int64_t stage_cap, stage_pos; /* stage_pos: a block start >= BT */
 	int64_t stage_n;              /* rows held from stage_pos */
 	int64_t pk_blocks;            /* blocks 1 .. pk_blocks - 1 are coded */
@@ -353,7 +353,7 @@ static void pk_query(const void *st, const float *q, int G, void *prep)
 }
 
 /*
- * Block 0 and the query's own block from exact keys, blocks between from
+ * Block 0 and the query's own block from the kept (binary16) keys, blocks between from
  * the codes of k - mu plus <q, mu> (kvcenter_scores()).
  */
 static void pk_scores(const void *st, const KvSideRows *rows, const float *q, const void *prep,
@@ -369,7 +369,7 @@ static void pk_scores(const void *st, const KvSideRows *rows, const float *q, co
 	kvcenter_scores(&s->center, q, G, b, n, scale, prep, scores, ld);
 }
 
-/* The key of pos as a query of a later block reads it: exact in block 0, else from its codes. */
+/* The key of pos as a query of a later block reads it: as kept in block 0, else from its codes. */
 static void pk_load_row(const void *st, const KvSideRows *rows, int64_t pos, float *ret)
 {
 	const PkSide *s = st;

@@ -1,5 +1,5 @@
 /*
- * kvcenter.c: centered keys (kvcenter.h): the exact first block, the
+ * kvcenter.c: centered keys (kvcenter.h): the first block (binary16), the
  * choice of mu, the scores' frame and the record.
  */
 #include "engine/kv/kvcenter.h"

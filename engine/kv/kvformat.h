@@ -2,7 +2,7 @@
  * kvformat.h: one KV format as the store sees it. A format is what one
  * side (K or V) of one (layer, kv-head) of a compressed cache stores per
  * head vector, how attention reads it, and what it keeps besides the rows
- * (a codec, an exact first block, query energies). Each format is one
+ * (a codec, a first block kept as binary16, query energies). Each format is one
  * KvFormatOps table in its own file:
  *
  *   fmt_plain.c     f32, f16, q8_0, q4_0, each optionally +h
