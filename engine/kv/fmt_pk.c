@@ -46,6 +46,7 @@
  *   (their keys are here; the region is zeros), and blocks 1 .. n_kv / 32
  *   - 1 must pass kvpk_block_coded().
  */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -58,6 +59,10 @@
 #include "kernels/cpu/kv_attn.h"
 
 #define BT KV_BLOCK_TOKENS
+
+/* The record's field sizes (above): binary16 keys, bfloat16 energies, a u32 word. */
+static_assert(sizeof(tkv_half) == 2 && sizeof(tkv_bf16) == 2, "2-byte keys and energies");
+static_assert(BT == 32, "block 0 is positions 0..31");
 
 typedef struct PkSide {
 	KvCenter center;

@@ -21,6 +21,12 @@
 #define BT KV_BLOCK_TOKENS
 #define WRITE_BUF_BYTES (256u << 10)
 
+/* session.h's layout: the header's fields end with its CRC at 60, sections have 16-byte headers. */
+static_assert(SESSION_HEADER_BYTES == 64 && SESSION_SECTION_HEADER_BYTES == 16, "session.h's layout");
+static_assert(KV_BLOCK_TOKENS == 32, "LAYER sections hold blocks of 32 positions");
+static_assert(SESSION_VERSION_KV <= SESSION_VERSION_BLOCKS && SESSION_VERSION_BLOCKS <= SESSION_VERSION,
+	      "versions in order");
+
 const char *session_error_name(int code)
 {
 	switch (code) {
