@@ -180,6 +180,7 @@ typedef struct Layout {
 	uint64_t kv_len, tokens_len, messages_len;
 	uint64_t *layer_len;   /* (n_layers,) */
 	size_t *block_bytes;   /* (n_layers,) */
+	uint32_t *first_block; /* (n_layers,) the first block each LAYER section holds */
 	uint64_t file_bytes;
 } Layout;
 
@@ -187,6 +188,7 @@ static void layout_done(Layout *l)
 {
 	free(l->layer_len);
 	free(l->block_bytes);
+	free(l->first_block);
 }
 
 static uint64_t section_bytes(uint64_t payload)
@@ -213,7 +215,8 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 	l->n_blocks = (uint32_t)((n_kv + BT - 1) / BT);
 	l->layer_len = calloc_array((size_t)sh->n_layers, sizeof(uint64_t));
 	l->block_bytes = calloc_array((size_t)sh->n_layers, sizeof(size_t));
-	if (!l->layer_len || !l->block_bytes)
+	l->first_block = calloc_array((size_t)sh->n_layers, sizeof(uint32_t));
+	if (!l->layer_len || !l->block_bytes || !l->first_block)
 		return error_set(err, -ENOMEM, "out of memory");
 
 	l->kv_len = 16 + spec_len;
@@ -226,9 +229,10 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 				l->max_record = MAX(l->max_record, rec);
 			}
 		l->block_bytes[i] = l->file->block_bytes(kv, i);
+		l->first_block[i] = (uint32_t)MIN((int64_t)l->n_blocks, l->file->first_block(kv, i, n_kv));
 		l->layer_len[i] = 16;
 		for (int h = 0; h < sh->n_kv_heads; h++)
-			for (uint32_t b = 0; b < l->n_blocks; b++)
+			for (uint32_t b = l->first_block[i]; b < l->n_blocks; b++)
 				l->layer_len[i] += l->file->block_file_bytes(kv, i, h, b, n_kv);
 	}
 	if (l->kv_len > SESSION_MAX_KV_SECTION)
@@ -329,10 +333,10 @@ static int write_layer_section(Out *o, const Layout *l, const SessionState *s, i
 	size_t bytes = l->block_bytes[layer];
 	out_section_begin(o, SESSION_SECTION_LAYER, l->layer_len[layer]);
 	out_u32(o, (uint32_t)layer);
-	out_u32(o, l->n_blocks);
+	out_u32(o, l->n_blocks - l->first_block[layer]);
 	out_u64(o, bytes);
 	for (int h = 0; h < l->n_kv_heads; h++)
-		for (uint32_t b = 0; b < l->n_blocks; b++) {
+		for (uint32_t b = l->first_block[layer]; b < l->n_blocks; b++) {
 			size_t n = l->file->block_file_bytes(s->kv, layer, h, b, l->n_kv);
 			assert(n <= bytes);
 			l->file->block_pack(s->kv, layer, h, b, l->n_kv, scratch);
@@ -691,16 +695,19 @@ static int read_messages(In *in, uint32_t version, SessionState *s, Error *err)
 	return 0;
 }
 
-/* Bytes of the LAYER section of layer in a file of hd's version: whole blocks before version 6. */
-static uint64_t layer_payload(const SessionHeader *hd, const KvCache *kv, int layer)
+/*
+ * Bytes of the LAYER section of layer, holding blocks first.. in a file
+ * of hd's version: whole blocks before version 6.
+ */
+static uint64_t layer_payload(const SessionHeader *hd, const KvCache *kv, int layer, uint32_t first)
 {
 	const KvCacheFileOps *fo = kvcache_file(kv);
-	uint32_t n_blocks = (hd->n_kv + BT - 1) / BT;
+	uint32_t end = (hd->n_kv + BT - 1) / BT;
 	if (hd->version < SESSION_VERSION_BLOCKS)
-		return 16 + (uint64_t)kv->shape.n_kv_heads * n_blocks * fo->block_bytes(kv, layer);
+		return 16 + (uint64_t)kv->shape.n_kv_heads * (end - first) * fo->block_bytes(kv, layer);
 	uint64_t len = 16;
 	for (int h = 0; h < kv->shape.n_kv_heads; h++)
-		for (uint32_t b = 0; b < n_blocks; b++)
+		for (uint32_t b = first; b < end; b++)
 			len += fo->block_file_bytes(kv, layer, h, b, hd->n_kv);
 	return len;
 }
@@ -711,8 +718,10 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 	const KvCacheShape *sh = &kv->shape;
 	const KvCacheFileOps *fo = kvcache_file(kv);
 	size_t bytes = fo->block_bytes(kv, layer);
-	uint32_t n_blocks = (hd->n_kv + BT - 1) / BT;
-	uint64_t expect = layer_payload(hd, kv, layer);
+	uint32_t end = (hd->n_kv + BT - 1) / BT;
+	uint32_t first = (uint32_t)MIN((int64_t)end, fo->first_block(kv, layer, hd->n_kv));
+	uint32_t n_blocks = end - first; /* a windowed layer's file holds what it still sees */
+	uint64_t expect = layer_payload(hd, kv, layer, first);
 	bool whole = hd->version < SESSION_VERSION_BLOCKS;
 	char what[48];
 	const uint8_t *p;
@@ -728,7 +737,7 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 				 (unsigned long long)get_le(p + 8, 8), layer, n_blocks, bytes);
 	p += 16;
 	for (int h = 0; h < sh->n_kv_heads; h++)
-		for (uint32_t b = 0; b < n_blocks; b++) {
+		for (uint32_t b = first; b < end; b++) {
 			r = whole ? fo->block_load(kv, layer, h, b, hd->n_kv, p)
 				  : fo->block_unpack(kv, layer, h, b, hd->n_kv, p);
 			if (r != 0)

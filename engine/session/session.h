@@ -84,14 +84,18 @@
  *
  * LAYER (id 4), the KV rows of one layer:
  *   0      4    layer index (the section's position: 0, 1, ...)
- *   4      4    n_blocks = ceil(n_kv / 32)
+ *   4      4    n_blocks = ceil(n_kv / 32) - first, the blocks held
+ *               from block first on: first = KvCacheFileOps.first_block(),
+ *               0 except for a sliding-window layer of the compressed
+ *               store, which holds only what a query at n_kv still sees
+ *               (kvcache_window_first_block(): the block of n_kv - W + 1)
  *   8      8    block bytes: KvCacheFileOps.block_bytes() (the store's
  *               kvstore_block_bytes(); for kind 0 32 * 2 * head_dim * 4)
- *   16     kv-head 0's blocks 0 .. n_blocks - 1, then kv-head 1's, ...
- *          Block i (positions 32 i .. 32 i + 31, n = min(32, n_kv - 32 i)
- *          of them below n_kv) as KvCacheFileOps.block_pack() gives it,
- *          block_file_bytes() long: its K region's bytes, then its V
- *          region's. A region is, by default, its first n rows as
+ *   16     kv-head 0's blocks first .. first + n_blocks - 1, then kv-head
+ *          1's, ... Block i (positions 32 i .. 32 i + 31, n = min(32,
+ *          n_kv - 32 i) of them below n_kv) as KvCacheFileOps.block_pack()
+ *          gives it, block_file_bytes() long: its K region's bytes, then
+ *          its V region's. A region is, by default, its first n rows as
  *          kvstore.h lays them out (n * row bytes; kind 0: n f32 K rows,
  *          then n f32 V rows); a format may keep less
  *          (KvFormatOps.region_file_bytes(): pk's block 0 and partial
