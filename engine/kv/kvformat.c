@@ -65,13 +65,7 @@ void kvformat_row_values(const void *st, const uint8_t *region, const float *p, 
 void kvformat_exact_scores(const float *x, int d, const float *q, int G, int n, float scale,
 			   float *scores, int ld)
 {
-	for (int g = 0; g < G; g++)
-		for (int p = 0; p < n; p++) {
-			float sum = 0.0f;
-			for (int i = 0; i < d; i++)
-				sum += q[(size_t)g * d + i] * x[(size_t)p * d + i];
-			scores[(size_t)g * ld + p] = sum * scale;
-		}
+	kv_attn_exact_scores_get()(x, d, q, G, n, scale, scores, ld);
 }
 
 void kvrec_put_floats(uint8_t **p, const float *x, size_t n)

@@ -225,7 +225,7 @@ void kvformat_row_scores(const void *st, const KvSideRows *rows, const float *q,
 void kvformat_row_values(const void *st, const uint8_t *region, const float *p, int ld, int G, int n,
 			 float *acc, int acc_ld);
 
-/* scores[g * ld + t] = scale * <q_g, x_t> over exact rows x (n, d), in f32, summed in order. */
+/* scores[g * ld + t] = scale * <q_g, x_t> over exact rows x (n, d), n <= 32, in f32 (kv_attn_exact_scores_get()). */
 void kvformat_exact_scores(const float *x, int d, const float *q, int G, int n, float scale,
 			   float *scores, int ld);
 
