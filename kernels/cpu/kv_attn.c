@@ -315,12 +315,12 @@ void kv_attn_pk_scores_ref(const KvPkRows *keys, const uint8_t *blk, const float
 
 bool kv_attn_have_avx2(void)
 {
+#if defined(CPU_KERNELS_X86)
 	const CpuFeatures *f = cpu_features();
-#if defined(__x86_64__) || defined(__i386__)
 	/* pdep unpacks odd code widths; every AVX2 CPU has BMI2, but a VM may hide it */
 	return f->avx2 && f->fma && f->f16c && __builtin_cpu_supports("bmi2");
 #else
-	return f->avx2 && f->fma && f->f16c;
+	return false;
 #endif
 }
 
@@ -329,6 +329,21 @@ bool kv_attn_have_avx512(void)
 	return cpu_features()->avx512 && kv_attn_have_avx2();
 }
 
+bool kv_attn_have_avx512vbmi(void)
+{
+	return cpu_features()->avx512vbmi && kv_attn_have_avx512();
+}
+
+bool kv_attn_have_neon(void)
+{
+#if defined(CPU_KERNELS_NEON)
+	return cpu_features()->neon;
+#else
+	return false;
+#endif
+}
+
+#if defined(CPU_KERNELS_X86)
 KvAttnScoresFn kv_attn_scores_get(void)
 {
 	if (kv_attn_have_avx512())
@@ -341,11 +356,6 @@ KvAttnSoftmaxFn kv_attn_softmax_get(void)
 	if (kv_attn_have_avx512())
 		return kv_attn_softmax_avx512;
 	return kv_attn_have_avx2() ? kv_attn_softmax_avx2 : kv_attn_softmax_ref;
-}
-
-bool kv_attn_have_avx512vbmi(void)
-{
-	return cpu_features()->avx512vbmi && kv_attn_have_avx512();
 }
 
 KvAttnPkScoresFn kv_attn_pk_scores_get(void)
@@ -363,3 +373,44 @@ KvAttnValuesFn kv_attn_values_get(void)
 		return kv_attn_values_avx512;
 	return kv_attn_have_avx2() ? kv_attn_values_avx2 : kv_attn_values_ref;
 }
+#elif defined(CPU_KERNELS_NEON)
+KvAttnScoresFn kv_attn_scores_get(void)
+{
+	return kv_attn_have_neon() ? kv_attn_scores_neon : kv_attn_scores_ref;
+}
+
+KvAttnSoftmaxFn kv_attn_softmax_get(void)
+{
+	return kv_attn_softmax_ref;
+}
+
+KvAttnPkScoresFn kv_attn_pk_scores_get(void)
+{
+	return kv_attn_have_neon() ? kv_attn_pk_scores_neon : kv_attn_pk_scores_ref;
+}
+
+KvAttnValuesFn kv_attn_values_get(void)
+{
+	return kv_attn_have_neon() ? kv_attn_values_neon : kv_attn_values_ref;
+}
+#else
+KvAttnScoresFn kv_attn_scores_get(void)
+{
+	return kv_attn_scores_ref;
+}
+
+KvAttnSoftmaxFn kv_attn_softmax_get(void)
+{
+	return kv_attn_softmax_ref;
+}
+
+KvAttnPkScoresFn kv_attn_pk_scores_get(void)
+{
+	return kv_attn_pk_scores_ref;
+}
+
+KvAttnValuesFn kv_attn_values_get(void)
+{
+	return kv_attn_values_ref;
+}
+#endif
