@@ -422,6 +422,11 @@ KvAttnValuesFn kv_attn_values_get(void)
 {
 	return kv_attn_have_neon() ? kv_attn_values_neon : kv_attn_values_ref;
 }
+
+KvAttnExactScoresFn kv_attn_exact_scores_get(void)
+{
+	return kv_attn_have_neon() ? kv_attn_exact_scores_neon : kv_attn_exact_scores_ref;
+}
 #else
 KvAttnScoresFn kv_attn_scores_get(void)
 {
@@ -441,5 +446,10 @@ KvAttnPkScoresFn kv_attn_pk_scores_get(void)
 KvAttnValuesFn kv_attn_values_get(void)
 {
 	return kv_attn_values_ref;
+}
+
+KvAttnExactScoresFn kv_attn_exact_scores_get(void)
+{
+	return kv_attn_exact_scores_ref;
 }
 #endif

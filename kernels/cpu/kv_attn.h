@@ -215,6 +215,9 @@ void kv_attn_exact_scores_ref(const float *x, int d, const float *q, int G, int 
 			      float *scores, int ld);
 void kv_attn_exact_scores_avx2(const float *x, int d, const float *q, int G, int n, float scale,
 			       float *scores, int ld);
+/* NEON (aarch64 builds, kv_attn_have_neon()): four fused lanes per sum. */
+void kv_attn_exact_scores_neon(const float *x, int d, const float *q, int G, int n, float scale,
+			       float *scores, int ld);
 KvAttnExactScoresFn kv_attn_exact_scores_get(void);
 
 /*

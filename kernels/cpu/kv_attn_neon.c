@@ -15,7 +15,8 @@
  *
  * Q8_0 and Q4_0 rows go to the references (not the default or tq4/f16
  * types). The pair-coded key scores do the reference's products and sums
- * in its order, unfused, 4 tokens per lane group: bit for bit.
+ * in its order, unfused, 4 tokens per lane group: bit for bit. Exact f32
+ * key scores: one fused 4-lane dot product per head and row.
  */
 #include <arm_neon.h>
 #include <assert.h>
@@ -275,4 +276,12 @@ void kv_attn_pk_scores_neon(const KvPkRows *keys, const uint8_t *blk, const floa
 	for (int g = 0; g < G; g++)
 		for (int t = 0; t < n; t++)
 			scores[(size_t)g * ld + t] = acc[g][t] * scale;
+}
+
+void kv_attn_exact_scores_neon(const float *x, int d, const float *q, int G, int n, float scale,
+			       float *scores, int ld)
+{
+	for (int g = 0; g < G; g++)
+		for (int t = 0; t < n; t++)
+			scores[(size_t)g * ld + t] = dot_f32(q + (size_t)g * d, x + (size_t)t * d, d) * scale;
 }
