@@ -37,6 +37,8 @@ static const char *const specs[] = {
 	"tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
 	"tq4_nc+c:tq3", "q4_0+h+c:q8_0", "tq3+qjl+c:tq3.5o",
 	"pk4:tq3", "pk2.5:f32,1=tq4_nc+c:q8_0",
+	"pq", "pq3f:pq4f", "pk4:pq,1=pq5+c:pq2",
+	"tq3:tq3+qjl", "tq4+qjl:tq3+sqjl",
 };
 
 /* Cache contents for one check: k, v (n_layers, n, n_kv_heads * d); q (n, n_heads * d). */
@@ -443,10 +445,12 @@ START_TEST(rejected_plans)
 	ck_assert_int_eq(kvplan_from_text("tq4+qjl:tq4", RL, RKVH, RD, &plan, NULL), 0);
 	KvCacheShape sh = { .n_layers = RL, .n_heads = RH, .n_kv_heads = RKVH, .head_dim = RD, .capacity = 10 };
 	KvCache *kv = NULL;
-	/* kvtype.h refuses +qjl values; a plan built by hand is refused here too */
-	plan->layers[1].v = plan->layers[1].k;
+	/* kvtype.h refuses pk values; a plan built by hand is refused here too */
+	KvType pk;
+	ck_assert_int_eq(kvtype_from_name("pk4", KV_ROLE_K, RD, &pk, NULL), 0);
+	plan->layers[1].v = pk;
 	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 1, &kv, &err), KVSTORE_E_PLAN);
-	ck_assert_ptr_nonnull(strstr(err.msg, "QJL"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "pk"));
 	plan->layers[1].v = plan->layers[0].v;
 	sh.n_layers = RL + 1;
 	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 1, &kv, NULL), KVSTORE_E_PLAN);
