@@ -15,7 +15,9 @@
  * flag), and the job is freed once the worker has returned.
  *
  * Limits: the body (max_body_bytes, 413), the request line and headers
- * (libmicrohttpd's per-connection buffer; it answers 431 itself), idle and
+ * (max_header_bytes, counted here so that the 431 is JSON like every other
+ * error; libmicrohttpd's per-connection buffer is HEADER_POOL_FACTOR times
+ * larger, and only a request past that gets its own plain 431), idle and
  * slow connections (timeout_s, libmicrohttpd closes them; switched off
  * once a generation runs, whose end the client's presence decides), and
  * max_requests concurrent requests (503).
@@ -40,6 +42,11 @@
 #define CLIENT_NAME "turbokv-http/" TKV_VERSION
 #define WAIT_MS 100
 #define SESSION_HEADER "X-Turbokv-Session"
+/* libmicrohttpd's connection pool holds the request line, the headers and
+ * the read buffer; twice our header limit plus slack lets us see and count
+ * any request up to the limit and somewhat past it. */
+#define HEADER_POOL_FACTOR 2
+#define HEADER_POOL_SLACK 16384
 
 struct Gateway {
 	GatewayConfig cfg;
@@ -614,6 +621,24 @@ static bool token_ok(const Gateway *gw, struct MHD_Connection *conn)
 	return diff == 0;
 }
 
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key,
+					const char *value)
+{
+	(void)kind;
+	size_t *n = cls;
+	*n += strlen(key) + 4 + (value ? strlen(value) : 0); /* "key: value\r\n" */
+	return MHD_YES;
+}
+
+/* Bytes of the request line and headers as the client sent them (near enough:
+ * the version and separators are counted as a constant). */
+static size_t request_head_bytes(struct MHD_Connection *conn, const char *method, const char *url)
+{
+	size_t n = strlen(method) + 1 + strlen(url) + 11; /* " HTTP/1.1\r\n" */
+	MHD_get_connection_values(conn, MHD_HEADER_KIND, add_header_bytes, &n);
+	return n;
+}
+
 /* The route of (method, url); *ret_bad_method when the path exists under another method. */
 static Route route_of(const char *method, const char *url, bool *ret_bad_method)
 {
@@ -663,6 +688,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		*con_cls = x;
 		x->route = route_of(method, url, &bad_method);
 		x->openai = strncmp(url, "/api/", 5) != 0;
+		if (request_head_bytes(conn, method, url) > gw->cfg.max_header_bytes)
+			return send_error(conn, x->openai, 431, "invalid_request_error", NULL,
+					  "headers_too_large",
+					  "the request line and headers are too large");
 		if (x->route == ROUTE_NONE)
 			return send_error(conn, x->openai, bad_method ? 405 : 404, "invalid_request_error",
 					  NULL, bad_method ? "method_not_allowed" : "not_found",
@@ -733,7 +762,8 @@ int gateway_listen_fd(Gateway *gw, int fd)
 		MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
 		MHD_OPTION_CONNECTION_LIMIT, (unsigned)(gw->cfg.max_requests + 16),
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)gw->cfg.timeout_s,
-		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)gw->cfg.max_header_bytes,
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+		(size_t)gw->cfg.max_header_bytes * HEADER_POOL_FACTOR + HEADER_POOL_SLACK,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, gw,
 		MHD_OPTION_END);
 	if (!d)

@@ -13,7 +13,7 @@ typedef struct GatewayConfig {
 	const char *daemon_socket;  /* NULL: libturbokv's default */
 	const char *token;          /* NULL or "": no authentication */
 	size_t max_body_bytes;      /* larger bodies: 413 */
-	size_t max_header_bytes;    /* request line + headers (libmicrohttpd's buffer) */
+	size_t max_header_bytes;    /* request line + headers (431 past it) */
 	unsigned max_requests;      /* concurrent requests; more: 503 */
 	unsigned timeout_s;         /* idle connection timeout (also slow headers) */
 } GatewayConfig;
