@@ -21,6 +21,7 @@ static float normal_centroids[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
 static float normal_bounds[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
 static double normal_mse[KVPK_MAX_BITS + 1];
 static float scale_sigma[256];
+static uint8_t normal_planes[KVPK_PLANE_BITS + 1][4 * 64]; /* kv_attn_pk_planes() of the centroids */
 static int normal_error;
 static pthread_once_t normal_once = PTHREAD_ONCE_INIT;
 
@@ -39,6 +40,8 @@ static void normal_codebooks(void)
 		for (int i = 0; i + 1 < cb->n_levels; i++)
 			normal_bounds[b][i] = cb->boundaries[i] * s;
 		normal_mse[b] = cb->mse_coord * KVPK_NORMAL_DIM;
+		if (b <= KVPK_PLANE_BITS)
+			kv_attn_pk_planes(normal_centroids[b], b, normal_planes[b]);
 	}
 }
 
@@ -56,6 +59,8 @@ int kvpk_init(KvPk *pk, int dim, int code_bits)
 		pk->rows.centroids[b] = normal_centroids[b];
 		pk->bounds[b] = normal_bounds[b];
 		pk->mse[b] = normal_mse[b];
+		if (b >= 1 && b <= KVPK_PLANE_BITS)
+			pk->rows.planes[b] = normal_planes[b];
 	}
 	return 0;
 }

@@ -314,6 +314,18 @@ void kv_attn_pk_scores_ref(const KvPkRows *keys, const uint8_t *blk, const float
 			scores[(size_t)g * ld + t] = acc[g][t] * scale;
 }
 
+void kv_attn_pk_planes(const float *c, int b, uint8_t *planes)
+{
+	assert(b >= 1 && b <= KVPK_PLANE_BITS);
+	memset(planes, 0, 4 * 64);
+	for (int k = 0; k < 1 << b; k++) {
+		uint32_t bits;
+		memcpy(&bits, &c[k], 4);
+		for (int p = 0; p < 4; p++)
+			planes[64 * p + k] = (uint8_t)(bits >> (8 * p));
+	}
+}
+
 /* ---- dispatch ---- */
 
 bool kv_attn_have_avx2(void)

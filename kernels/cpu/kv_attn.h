@@ -160,6 +160,8 @@ void kv_attn_scores_tq_int8_avx2(const KvAttnRows *keys, const KvAttnQuery *q, i
  * query heads q (G, dim) as given (no preparation) and rows t < n of the
  * block's key region, k~_tj = sigma_{j/2} * centroids[b][code_tj].
  */
+#define KVPK_PLANE_BITS 6 /* widths up to this are looked up by byte plane (AVX2) */
+
 typedef struct KvPkRows {
 	int dim;
 	int code_bits; /* per key */
@@ -169,7 +171,17 @@ typedef struct KvPkRows {
 	 */
 	const float *centroids[KVPK_MAX_BITS + 1];
 	const float *sigma; /* [256]: kvpk_scale_of(s) of every scale byte s, a lookup, not an exp2f */
+	/*
+	 * [b] for 1 <= b <= KVPK_PLANE_BITS: centroids[b] by byte plane,
+	 * planes[b][64 p + k] = byte p (little-endian) of centroids[b][k],
+	 * 4 x 64 bytes, zero past 2^b entries (AVX2 byte-shuffle lookups
+	 * that reassemble the exact floats). Fill with kv_attn_pk_planes().
+	 */
+	const uint8_t *planes[KVPK_PLANE_BITS + 1];
 } KvPkRows;
+
+/* planes (4 x 64 bytes) of the 2^b floats c (b <= KVPK_PLANE_BITS), as KvPkRows.planes[b]. */
+void kv_attn_pk_planes(const float *c, int b, uint8_t *planes);
 
 /*
  * The AVX2 and AVX-512 twins compute every product and sum the reference

@@ -342,6 +342,7 @@ START_TEST(pk_kernels_match_reference)
 	};
 	/* every specialised group size of the kernels and two beyond */
 	static const int groups[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16 }, lens[] = { 32, 17, 1 };
+	bool seen[KVPK_MAX_BITS + 1] = { false }; /* widths the cases coded: every lookup path of the kernels */
 	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
 		int d = cases[i].dim, P = d / 2;
 		KvPk pk;
@@ -358,6 +359,8 @@ START_TEST(pk_kernels_match_reference)
 		for (int j = 0; j < 16 * d; j++)
 			q[j] = test_rand_normal(&st);
 		kvpk_encode_block(&pk, x, BT, NULL, w, blk);
+		for (int j = 0; j < P; j++)
+			seen[kvpk_width(kvpk_scales(blk, pk.rows.code_bits) + P, j)] = true;
 		for (size_t g = 0; g < ARRAY_SIZE(groups); g++)
 			for (size_t l = 0; l < ARRAY_SIZE(lens); l++) {
 				int G = groups[g], n = lens[l];
@@ -384,6 +387,8 @@ START_TEST(pk_kernels_match_reference)
 		free(q);
 		free(blk);
 	}
+	for (int b = 0; b <= KVPK_MAX_BITS; b++)
+		ck_assert_msg(seen[b], "no pair of width %d in the cases", b);
 }
 END_TEST
 
