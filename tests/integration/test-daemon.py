@@ -463,7 +463,9 @@ def case_config(args, tmp):
     c.close()
     d.stop()
     # A preset runs, and is reported, as the spec it stands for (engine/kv/kvtype.h).
-    d = Daemon(args, tmp, extra=["--config", conf, "--kv", "small", "--device", "cpu"])
+    sub = os.path.join(tmp, "preset")
+    os.mkdir(sub)
+    d = Daemon(args, sub, extra=["--config", conf, "--kv", "small", "--device", "cpu"])
     d.wait_ready()
     c = w.Conn(d.sock)
     h = c.hello()
