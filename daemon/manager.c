@@ -309,14 +309,6 @@ static int manager_load_model(Manager *m)
 	if (m->n_ctx > m->model->cfg.n_ctx_train)
 		log_warning("--ctx %lld is more than the %d tokens the model was trained for",
 			    (long long)m->n_ctx, m->model->cfg.n_ctx_train);
-	/* a sliding-window model's caches stop at its window for now (model.h) */
-	int64_t cap = model_kv_shape(m->model, m->n_ctx).capacity;
-	if (cap < m->n_ctx) {
-		log_warning("context %lld capped at the model's sliding window, %lld tokens "
-			    "(windowed KV caches are not implemented yet)",
-			    (long long)m->n_ctx, (long long)cap);
-		m->n_ctx = cap;
-	}
 	return 0;
 }
 

@@ -70,6 +70,8 @@ KvCache *prefixcache_take(PrefixCache *pc, uid_t uid, const int32_t *tokens, siz
 		size_t limit = MIN(MIN((size_t)kvcache_n_tokens(e->kv), e->n_tokens), n - 1), keep = 0;
 		while (keep < limit && e->tokens[keep] == tokens[keep])
 			keep++;
+		if ((int64_t)keep < kvcache_rewind_floor(e->kv))
+			keep = 0; /* its windowed layers dropped what a query there would see */
 		if (keep > best_keep) {
 			best = i;
 			best_keep = keep;

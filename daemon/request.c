@@ -707,6 +707,9 @@ static int request_session_reuse(Request *r)
 	size_t limit = MIN(MIN(n_kv, st->n_tokens), r->n_prompt - 1);
 	while (keep < limit && st->tokens[keep] == r->tokens[keep])
 		keep++;
+	/* a sliding-window layer no longer holds what a query there sees: recompute from the start */
+	if ((int64_t)keep < kvcache_rewind_floor(kv))
+		keep = 0;
 	kvcache_set_n_tokens(kv, (int64_t)keep); /* rewind to the divergence point */
 	r->kv = kv;
 	r->n_prefilled = r->n_cached = keep;

@@ -94,10 +94,11 @@ MODELS = [
          qk_norm=True, types=qwen2_f32_types),
     # gemma3: F32, head_dim 32 on 2 heads with 1 kv head, embeddings x sqrt(dim),
     # Q/K head norms, post-attention and post-ffw norms, GELU-tanh FFN, tied head;
-    # 6 layers: 5 local (RoPE base 10000), 1 global (base 1e6); window 16 >= 12 tokens
+    # 6 layers: 5 local (RoPE base 10000), 1 global (base 1e6); window 5 < 12 tokens:
+    # the local layers' mask cuts in (q - p < 5 visible, as llama.cpp)
     dict(name="gemma3-f32", arch="gemma3", n_layers=6, dim=64, n_heads=2, n_kv_heads=1,
          head_dim=32, ff=96, vocab=256, ctx=128, eps=1e-6, base=1e6, tied=True,
-         qk_norm=True, gemma=True, window=16, types=qwen2_f32_types),
+         qk_norm=True, gemma=True, window=5, types=qwen2_f32_types),
 ]
 
 # ---- K-quant quantizers (gguf-py 0.19.0 only dequantizes Q4_K / Q6_K) ------
@@ -451,6 +452,8 @@ def sensitivities(cfg, w, ref, raw):
     if cfg.get("gemma"):
         out.append(("local_rope_base", forward(cfg, w, TOKENS, local_base=False)))
         out.append(("gelu", forward(cfg, w, TOKENS, gelu=False)))
+        # the window one wider (q - p <= W visible): the off-by-one the test must catch
+        out.append(("window_plus_one", forward(dict(cfg, window=cfg["window"] + 1), w, TOKENS)))
     if cfg.get("linear"):
         out.append(("rope_scaling", forward(cfg, w, TOKENS, freq_scale=1.0)))
     if "rope_freqs.weight" in w:

@@ -461,6 +461,16 @@ static int cuda_swiglu(Backend *b, float *gate, const float *up, int64_t n)
 	return launched(cuda_of(b), bcu_swiglu(gate, up, n), "swiglu");
 }
 
+static int cuda_geglu(Backend *b, float *gate, const float *up, int64_t n)
+{
+	return launched(cuda_of(b), bcu_geglu(gate, up, n), "geglu");
+}
+
+static int cuda_scale(Backend *b, float *x, float s, int64_t n)
+{
+	return launched(cuda_of(b), bcu_scale(x, s, n), "scale");
+}
+
 static int cuda_add(Backend *b, float *x, const float *y, int64_t n)
 {
 	return launched(cuda_of(b), bcu_add(x, y, n), "add");
@@ -496,6 +506,8 @@ static const BackendOps cuda_ops = {
 	.rope_angles = cuda_rope_angles,
 	.rope = cuda_rope,
 	.swiglu = cuda_swiglu,
+	.geglu = cuda_geglu,
+	.scale = cuda_scale,
 	.add = cuda_add,
 	.kvcache_new = cuda_kvcache_new_op,
 	.kvcache_adopt = cuda_kvcache_adopt_op,

@@ -423,7 +423,7 @@ static int pk_record_load(void *st, const KvSideRows *rows, int64_t n_kv, const 
 	for (int i = 0; !chosen && i < P; i++)
 		if (s->w[i] != 0)
 			return error_set(err, KVFORMAT_E_CORRUPT, "pk weights while not chosen");
-	for (int64_t b = 1; b < whole; b++)
+	for (int64_t b = MAX(1, rows->first); b < whole; b++)
 		if (b >= rows->n_blocks || !rows->blocks[b] ||
 		    !kvpk_block_coded(&s->pk, kv_side_region(rows, b)))
 			return error_set(err, KVFORMAT_E_CORRUPT, "pk block %lld is not a coded block",

@@ -4,7 +4,9 @@
  *
  * The f32 cache is the reference every other KV type is measured
  * against, so its attention is the plain definition: scores scaled by
- * 1/sqrt(head_dim), softmax, weighted sum of values.
+ * 1/sqrt(head_dim), softmax, weighted sum of values; in a windowed
+ * layer over the window only (kvcache.h). It keeps every position of
+ * every layer, so it is also the full-cache reference of a windowed store.
  */
 #include <assert.h>
 #include <errno.h>
@@ -50,7 +52,7 @@ typedef struct F32AttendJob {
 	float *scores;   /* (threads, pos0 + n_tok) */
 } F32AttendJob;
 
-/* One (token, head) pair: out_h = softmax(q_h K^T / sqrt(d)) V over positions 0..pos. */
+/* One (token, head) pair: out_h = softmax(q_h K^T / sqrt(d)) V over the positions pos sees. */
 static void f32_attend_one(const F32AttendJob *j, int64_t t, int h, float *scores)
 {
 	const KvCacheShape *s = &j->c->base.shape;
@@ -58,19 +60,20 @@ static void f32_attend_one(const F32AttendJob *j, int64_t t, int h, float *score
 	int kvh = h / (s->n_heads / s->n_kv_heads);
 	size_t row = f32_row(s);
 	int64_t n_ctx = j->pos0 + t + 1;
+	int64_t p0 = kvcache_first_visible(s, j->layer, j->pos0 + t);
 	const float *q = j->q + (t * s->n_heads + h) * d;
 	const float *kbase = j->c->k + (size_t)j->layer * s->capacity * row + (size_t)kvh * d;
 	const float *vbase = j->c->v + (size_t)j->layer * s->capacity * row + (size_t)kvh * d;
 	float scale = 1.0f / sqrtf((float)d);
 
-	for (int64_t p = 0; p < n_ctx; p++)
-		scores[p] = vec_f32_dot(d, q, kbase + p * row) * scale;
-	op_softmax(scores, n_ctx);
+	for (int64_t p = p0; p < n_ctx; p++)
+		scores[p - p0] = vec_f32_dot(d, q, kbase + p * row) * scale;
+	op_softmax(scores, n_ctx - p0);
 
 	float *o = j->out + (t * s->n_heads + h) * d;
 	memset(o, 0, d * sizeof(float));
-	for (int64_t p = 0; p < n_ctx; p++)
-		vec_f32_axpy(d, scores[p], vbase + p * row, o);
+	for (int64_t p = p0; p < n_ctx; p++)
+		vec_f32_axpy(d, scores[p - p0], vbase + p * row, o);
 }
 
 static void f32_attend_task(void *ctx, int ith, int nth)
@@ -176,6 +179,12 @@ static int f32_block_load(KvCache *kv, int layer, int head, int64_t index, int64
 	return 0;
 }
 
+/* The f32 cache keeps every position: its files hold every block. */
+static int64_t f32_first_block(const KvCache *kv, int layer, int64_t n_kv)
+{
+	return 0;
+}
+
 static uint32_t f32_record_tag(const KvCache *kv, int layer, int head, int role)
 {
 	return F32_RECORD_TAG;
@@ -204,6 +213,7 @@ static const KvCacheFileOps f32_file_ops = {
 	.block_bytes = f32_block_bytes,
 	.block_save = f32_block_save,
 	.block_load = f32_block_load,
+	.first_block = f32_first_block,
 	.record_tag = f32_record_tag,
 	.record_bytes = f32_record_bytes,
 	.record_save = f32_record_save,
@@ -232,7 +242,8 @@ static const KvCacheOps kvcache_f32_ops = {
 int kvcache_new_f32(const KvCacheShape *shape, KvCache **ret)
 {
 	if (shape->n_layers <= 0 || shape->n_heads <= 0 || shape->n_kv_heads <= 0 ||
-	    shape->head_dim <= 0 || shape->capacity <= 0 || shape->n_heads % shape->n_kv_heads)
+	    shape->head_dim <= 0 || shape->capacity <= 0 || shape->n_heads % shape->n_kv_heads ||
+	    shape->window < 0 || shape->window_period < 0)
 		return -EINVAL;
 
 	_cleanup_(freep) KvCacheF32 *c = calloc(1, sizeof(*c));
@@ -291,7 +302,15 @@ int64_t kvcache_n_tokens(const KvCache *kv)
 void kvcache_set_n_tokens(KvCache *kv, int64_t n)
 {
 	assert(n >= 0 && n <= kv->shape.capacity);
+	assert(n == 0 || n >= kvcache_rewind_floor(kv));
+	if (kv->ops->set_n_tokens)
+		kv->ops->set_n_tokens(kv, n);
 	kv->n_tokens = n;
+}
+
+int64_t kvcache_rewind_floor(const KvCache *kv)
+{
+	return kv->ops->rewind_floor ? kv->ops->rewind_floor(kv) : 0;
 }
 
 size_t kvcache_bytes_per_token(const KvCache *kv)

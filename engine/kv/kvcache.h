@@ -15,6 +15,14 @@
  * Per layer of a batch the model calls observe() (the batch's queries),
  * append() (its keys and values), then attend(). What a cache stores
  * depends on those rows only: attention reads, it never writes.
+ *
+ * Sliding-window layers (Gemma 3's local layers, KvCacheShape.window):
+ * the query at position q sees only the keys at positions p with
+ * q - p < window, i.e. p = q - window + 1 .. q (llama.cpp's
+ * LLAMA_SWA_TYPE_STANDARD: masked iff q - p >= n_swa). A cache may drop
+ * what no later query of such a layer can see (the compressed store frees
+ * whole blocks: kvcache_window_first_block()); it can then no longer be
+ * rewound below kvcache_rewind_floor().
  */
 #pragma once
 
@@ -24,6 +32,7 @@
 
 #include "base/util.h"
 #include "kernels/cpu/threadpool.h"
+#include "kernels/kv_format.h"
 
 enum {
 	KVCACHE_E_FULL = 1,   /* appending would exceed the capacity */
@@ -38,7 +47,41 @@ typedef struct KvCacheShape {
 	int n_kv_heads;
 	int head_dim;
 	int64_t capacity; /* tokens */
+	/*
+	 * Sliding window W of the windowed layers, 0: none. Layer l is
+	 * windowed when window > 0 and either window_period == 0 (every
+	 * layer) or l % window_period != window_period - 1 (Gemma 3: period
+	 * 6, five local layers then one global).
+	 */
+	int window;
+	int window_period;
 } KvCacheShape;
+
+/* W of layer l of shape s, or 0 for a layer that sees every position. */
+static inline int64_t kvcache_layer_window(const KvCacheShape *s, int l)
+{
+	if (s->window <= 0 || (s->window_period > 0 && l % s->window_period == s->window_period - 1))
+		return 0;
+	return s->window;
+}
+
+/* The first position the query at q sees in layer l: q - W + 1 (at least 0), 0 for a global layer. */
+static inline int64_t kvcache_first_visible(const KvCacheShape *s, int l, int64_t q)
+{
+	int64_t w = kvcache_layer_window(s, l);
+	return w > 0 && q - w + 1 > 0 ? q - w + 1 : 0;
+}
+
+/*
+ * The first block (KV_BLOCK_TOKENS = 32 positions) any
+ * query at position >= n of layer l can see: what a windowed layer of a
+ * cache holding n tokens must keep from (0 for a global layer). Session
+ * files hold a layer's blocks from here on.
+ */
+static inline int64_t kvcache_window_first_block(const KvCacheShape *s, int l, int64_t n)
+{
+	return kvcache_first_visible(s, l, n) / KV_BLOCK_TOKENS;
+}
 
 typedef struct KvCache KvCache;
 
@@ -66,7 +109,13 @@ typedef struct KvCacheFileOps {
 	int (*record_save)(const KvCache *kv, int layer, int head, int role, int64_t n_kv,
 			   uint8_t *out, Error *err);
 	/*
-	 * The record back, after every block of positions 0 .. n_kv - 1 is in.
+	 * The first block of layer a file of n_kv tokens holds: blocks below
+	 * it are not in the file (a windowed layer's dropped blocks; the
+	 * compressed store: kvcache_window_first_block(), the f32 cache: 0).
+	 */
+	int64_t (*first_block)(const KvCache *kv, int layer, int64_t n_kv);
+	/*
+	 * The record back, after every block first_block() .. of positions < n_kv is in.
 	 * 0, KVCACHE_E_OTHER_TYPE, KVCACHE_E_CORRUPT or -ENOMEM, err set.
 	 */
 	int (*record_load)(KvCache *kv, int layer, int head, int role, int64_t n_kv,
@@ -97,6 +146,14 @@ typedef struct KvCacheOps {
 	 */
 	int (*attend)(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t n_tok,
 		      const float *q, float *out);
+	/*
+	 * Optional: n_tokens changes to n (kvcache_set_n_tokens(), after the
+	 * check against the floor): a windowed cache drops the blocks no query
+	 * at n or later can see when n grows. Cannot fail.
+	 */
+	void (*set_n_tokens)(KvCache *kv, int64_t n);
+	/* Optional (NULL: 0): the smallest n_tokens > 0 the cache can be rewound to, see kvcache_rewind_floor(). */
+	int64_t (*rewind_floor)(const KvCache *kv);
 	/* Bytes stored per token, all layers, K and V. */
 	size_t (*bytes_per_token)(const KvCache *kv);
 	/*
@@ -137,7 +194,19 @@ int kvcache_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, int64_t
 
 /* Tokens present in every layer (advanced by the model after a batch). */
 int64_t kvcache_n_tokens(const KvCache *kv);
+/*
+ * Advance or rewind to n tokens. Rewinding to 0 always works (a fresh
+ * start: the prompt is recomputed); to 0 < n < kvcache_rewind_floor() is
+ * a programming error (a windowed layer no longer holds what a query at n
+ * would see): callers check the floor first and recompute from 0.
+ */
 void kvcache_set_n_tokens(KvCache *kv, int64_t n);
+/*
+ * The smallest n > 0 kv can be rewound to: 0 for a cache that keeps every
+ * position, else (windowed layers that dropped blocks) a position at most
+ * n_tokens. A rewind below it must start over from 0 instead.
+ */
+int64_t kvcache_rewind_floor(const KvCache *kv);
 
 size_t kvcache_bytes_per_token(const KvCache *kv);
 

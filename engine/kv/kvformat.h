@@ -61,11 +61,13 @@ typedef enum KvDevice {
  * The rows of one side in the store's blocks. Block b of the side's
  * (layer, kv-head) is blocks[b] (NULL: never written); its region for
  * this side starts at offset (0 for keys, 32 times the key row bytes for
- * values) and holds 32 rows of row_bytes.
+ * values) and holds 32 rows of row_bytes. Blocks below first were dropped
+ * by a sliding-window layer (kvcache.h): no query will read them.
  */
 typedef struct KvSideRows {
 	uint8_t *const *blocks; /* (n_blocks,) */
 	int64_t n_blocks;
+	int64_t first;
 	size_t offset;
 	size_t row_bytes;
 } KvSideRows;

@@ -29,11 +29,13 @@ typedef struct KvHead {
 	KvSide k, v;
 	uint8_t **blocks;   /* (cap_blocks,) NULL = not allocated */
 	int64_t cap_blocks;
+	int64_t lo;         /* blocks below lo are NULL: dropped by a windowed layer */
 } KvHead;
 
 typedef struct KvLayer {
 	KvLayerTypes types; /* as planned */
 	size_t k_bytes, v_bytes;
+	int64_t window;     /* kvcache_layer_window(): W, 0 for a global layer */
 	KvHead *heads;      /* (n_kv_heads,) */
 } KvLayer;
 
@@ -59,6 +61,7 @@ typedef struct KvStore {
 	int n_scratch, scratch_group;
 	size_t prep_bytes;
 	int tile_tokens;          /* kvstore_set_tile() */
+	bool keep_all;            /* kvstore_set_keep_all() */
 } KvStore;
 
 static const KvCacheOps kvstore_ops;
@@ -85,6 +88,7 @@ static KvSideRows side_rows(const KvLayer *L, const KvHead *H, KvRole role)
 	return (KvSideRows){
 		.blocks = H->blocks,
 		.n_blocks = H->cap_blocks,
+		.first = H->lo,
 		.offset = role == KV_ROLE_K ? 0 : BT * L->k_bytes,
 		.row_bytes = role == KV_ROLE_K ? L->k_bytes : L->v_bytes,
 	};
@@ -153,7 +157,7 @@ int kvcache_new_quant(const KvCacheShape *shape, const KvPlan *plan, uint64_t se
 {
 	if (shape->n_layers <= 0 || shape->n_heads <= 0 || shape->n_kv_heads <= 0 ||
 	    shape->head_dim <= 0 || shape->head_dim > TQ_MAX_DIM || shape->capacity <= 0 ||
-	    shape->n_heads % shape->n_kv_heads)
+	    shape->n_heads % shape->n_kv_heads || shape->window < 0 || shape->window_period < 0)
 		return error_set(err, -EINVAL, "bad cache shape");
 	int r = check_plan(shape, plan, err);
 	if (r)
@@ -175,6 +179,7 @@ int kvcache_new_quant(const KvCacheShape *shape, const KvPlan *plan, uint64_t se
 	for (int l = 0; l < shape->n_layers; l++) {
 		KvLayer *L = &s->layers[l];
 		L->types = plan->layers[l];
+		L->window = kvcache_layer_window(shape, l);
 		L->k_bytes = kvtype_vec_bytes(&L->types.k);
 		L->v_bytes = kvtype_vec_bytes(&L->types.v);
 		L->heads = calloc_array((size_t)shape->n_kv_heads, sizeof(KvHead));
@@ -269,6 +274,20 @@ void kvstore_set_tile(KvCache *kv, int tokens)
 	store_of(kv)->tile_tokens = tokens > 0 ? tokens : KVSTORE_TILE_TOKENS;
 }
 
+void kvstore_set_keep_all(KvCache *kv, bool keep)
+{
+	store_of(kv)->keep_all = keep;
+}
+
+int64_t kvstore_blocks_held(const KvCache *kv, int layer, int head)
+{
+	const KvHead *H = &store_of(kv)->layers[layer].heads[head];
+	int64_t n = 0;
+	for (int64_t b = 0; b < H->cap_blocks; b++)
+		n += H->blocks[b] != NULL;
+	return n;
+}
+
 static size_t store_bytes_per_token(const KvCache *kv)
 {
 	const KvStore *s = store_of(kv);
@@ -320,8 +339,56 @@ static uint8_t *head_block(KvStore *s, const KvLayer *L, KvHead *H, int64_t inde
 		if (!H->blocks[index])
 			return NULL;
 		s->bytes_allocated += bytes;
+		H->lo = MIN(H->lo, index); /* a rewound cache filled again from the start */
 	}
 	return H->blocks[index];
+}
+
+/*
+ * A windowed layer lets go of its blocks below first: no query from here
+ * on sees them (kvcache.h). Freed, not recycled: the allocator keeps a
+ * block of a few KB at hand, and the layer's memory stays bounded by its
+ * window.
+ */
+static void layer_drop_below(KvStore *s, KvLayer *L, int64_t first)
+{
+	if (!L->window || s->keep_all)
+		return;
+	size_t bytes = BT * (L->k_bytes + L->v_bytes);
+	for (int h = 0; h < s->base.shape.n_kv_heads; h++) {
+		KvHead *H = &L->heads[h];
+		for (int64_t b = H->lo; b < MIN(first, H->cap_blocks); b++)
+			if (H->blocks[b]) {
+				free(H->blocks[b]);
+				H->blocks[b] = NULL;
+				s->bytes_allocated -= bytes;
+			}
+		H->lo = MAX(H->lo, first);
+	}
+}
+
+/* When the cache grows to n tokens, the windowed layers keep what a query at n still sees. */
+static void store_set_n_tokens(KvCache *kv, int64_t n)
+{
+	KvStore *s = store_of(kv);
+	if (n <= kv->n_tokens)
+		return; /* a rewind keeps everything it has */
+	for (int l = 0; l < kv->shape.n_layers; l++)
+		layer_drop_below(s, &s->layers[l], kvcache_window_first_block(&kv->shape, l, n));
+}
+
+/* The lowest n > 0 at which every windowed layer still holds what the query at n sees. */
+static int64_t store_rewind_floor(const KvCache *kv)
+{
+	const KvStore *s = store_of(kv);
+	int64_t floor = 0;
+	for (int l = 0; l < kv->shape.n_layers; l++) {
+		const KvLayer *L = &s->layers[l];
+		int64_t lo = L->heads[0].lo;
+		if (L->window && lo > 0)
+			floor = MAX(floor, lo * BT + L->window - 1);
+	}
+	return floor;
 }
 
 int kvstore_block_put(KvCache *kv, int layer, int head, int64_t index, const void *bytes,
@@ -379,6 +446,8 @@ static int store_append(KvCache *kv, int layer, int64_t pos0, int64_t n_tok, con
 
 	if (n_tok == 0)
 		return 0;
+	/* what the batch's first query no longer sees goes before new blocks come */
+	layer_drop_below(s, L, kvcache_first_visible(&kv->shape, layer, pos0) / BT);
 	for (int h = 0; h < kv->shape.n_kv_heads; h++) {
 		KvHead *H = &L->heads[h];
 		for (int64_t b = pos0 / BT; b <= (pos0 + n_tok - 1) / BT; b++)
@@ -414,6 +483,8 @@ typedef struct AttendJob {
 	const KvStore *s;
 	const KvLayer *L;
 	int64_t pos0, n_tok;
+	int layer;
+	int64_t base;          /* the first block any token of the batch sees (windowed layers) */
 	int group;             /* query heads per kv-head */
 	int tile;              /* tokens per tile */
 	int64_t n_tiles;
@@ -504,11 +575,13 @@ static int store_scratch_reserve(KvStore *s, int nth, int G, size_t prep)
  * rows of the running state sc->acc / ml starting at row (stride R of the
  * ml arrays): scores, online softmax, values. own: the querying token's
  * block (-1 for a tile's shared blocks), n_ctx: its context (the last
- * block may be partial).
+ * block may be partial), lo: the first position it sees (a windowed
+ * layer's edge may cut the first block: the rows below lo get weight
+ * exactly 0, and the softmax's max and sum never see them).
  */
 static void attend_blocks(const AttendJob *j, const KvHead *H, AttendScratch *sc, const float *q,
 			  const void *prep, int nh, int row, int R, int64_t b0, int64_t b1, int64_t own,
-			  int64_t n_ctx)
+			  int64_t n_ctx, int64_t lo)
 {
 	const KvLayer *L = j->L;
 	int d = j->s->base.shape.head_dim;
@@ -520,6 +593,7 @@ static void attend_blocks(const AttendJob *j, const KvHead *H, AttendScratch *sc
 	for (int64_t b = b0; b < b1; b++) {
 		const uint8_t *blk = H->blocks[b];
 		int nj = (int)MIN((int64_t)BT, n_ctx - b * BT);
+		int skip = (int)MAX((int64_t)0, lo - b * BT); /* < nj: lo <= the token's position */
 		/*
 		 * Blocks are separate allocations, so the hardware prefetcher
 		 * stops at each block's end: ask for the next one while this
@@ -531,7 +605,9 @@ static void attend_blocks(const AttendJob *j, const KvHead *H, AttendScratch *sc
 		/* scores: each key row read once for all nh query heads */
 		H->k.ops->scores(H->k.st, &krows, q, prep, nh, b, own, nj, scale, scores, BT);
 		/* online softmax: rescale what came before to the new running max */
-		j->softmax(scores, BT, nh, nj, m, l, corr);
+		j->softmax(scores + skip, BT, nh, nj - skip, m, l, corr);
+		for (int g = 0; skip && g < nh; g++)
+			memset(scores + (size_t)g * BT, 0, (size_t)skip * sizeof(float));
 		for (int g = 0; g < nh; g++)
 			if (corr[g] != 1.0f)
 				for (int x = 0; x < d; x++)
@@ -550,31 +626,52 @@ static void attend_item(const AttendJob *j, AttendScratch *sc, int64_t tile, int
 	int64_t t0 = tile * j->tile, t1 = MIN(j->n_tok, t0 + j->tile);
 	int nq = (int)(t1 - t0), R = nq * G;
 	int64_t last_blocks = (j->pos0 + t1 - 1) / BT + 1; /* of the tile's last token */
-	int64_t cb0 = c * j->chunk_blocks, cb1 = MIN(last_blocks, cb0 + j->chunk_blocks);
-	/* whole blocks below the first token's own block: shared by the tile */
-	int64_t shared = nq > 1 ? MIN(cb1, (j->pos0 + t0) / BT) : cb0;
+	int64_t cb0 = j->base + c * j->chunk_blocks, cb1 = MIN(last_blocks, cb0 + j->chunk_blocks);
+	/*
+	 * Whole blocks every token of the tile sees: below the first token's
+	 * own block and, in a windowed layer, at or above the last token's
+	 * first visible position. Shared by the tile: [sh0, sh1).
+	 */
+	int64_t lo_last = kvcache_first_visible(sh, j->layer, j->pos0 + t1 - 1);
+	int64_t sh0 = MAX(cb0, (lo_last + BT - 1) / BT), sh1 = MIN(cb1, (j->pos0 + t0) / BT);
+	if (nq < 2 || sh0 >= sh1)
+		sh0 = sh1 = cb0; /* none */
 
 	for (int r = 0; r < R; r++) {
 		memset(sc->acc + (size_t)r * (d + 2), 0, (size_t)d * sizeof(float));
 		sc->ml[r] = -INFINITY;
 		sc->ml[R + r] = 0.0f;
 	}
-	if (cb0 < shared) {
+	/*
+	 * Every (token, head) sees its blocks in ascending order: first the
+	 * window's lower edge below sh0 token by token, then the shared
+	 * blocks, then the diagonal from sh1 up.
+	 */
+	for (int i = 0; i < nq; i++) {
+		int64_t n_ctx = j->pos0 + t0 + i + 1, lo = kvcache_first_visible(sh, j->layer, n_ctx - 1);
+		int64_t b0 = MAX(cb0, lo / BT), b1 = MIN(sh0, MIN(cb1, (n_ctx + BT - 1) / BT));
+		const float *qt = j->q + ((size_t)(t0 + i) * sh->n_heads + (size_t)h * G) * d; /* (G, d) */
+		if (b0 >= b1)
+			continue;
+		H->k.ops->query(H->k.st, qt, G, sc->prep1);
+		attend_blocks(j, H, sc, qt, sc->prep1, G, i * G, R, b0, b1, (n_ctx - 1) / BT, n_ctx, lo);
+	}
+	if (sh0 < sh1) {
 		/* the tile's query heads, token-major (nq, G, d), as one group */
 		for (int i = 0; i < nq; i++)
 			memcpy(sc->q + (size_t)i * G * d, j->q + ((size_t)(t0 + i) * sh->n_heads + (size_t)h * G) * d,
 			       (size_t)G * d * sizeof(float));
 		H->k.ops->query(H->k.st, sc->q, R, sc->prep);
-		attend_blocks(j, H, sc, sc->q, sc->prep, R, 0, R, cb0, shared, -1, j->pos0 + t0 + 1);
+		attend_blocks(j, H, sc, sc->q, sc->prep, R, 0, R, sh0, sh1, -1, j->pos0 + t0 + 1, 0);
 	}
 	for (int i = 0; i < nq; i++) {
-		int64_t n_ctx = j->pos0 + t0 + i + 1;
-		int64_t b0 = MAX(cb0, shared), b1 = MIN(cb1, (n_ctx + BT - 1) / BT);
+		int64_t n_ctx = j->pos0 + t0 + i + 1, lo = kvcache_first_visible(sh, j->layer, n_ctx - 1);
+		int64_t b0 = MAX(MAX(cb0, sh1), lo / BT), b1 = MIN(cb1, (n_ctx + BT - 1) / BT);
 		const float *qt = j->q + ((size_t)(t0 + i) * sh->n_heads + (size_t)h * G) * d; /* (G, d) */
 		if (b0 >= b1)
 			continue;
 		H->k.ops->query(H->k.st, qt, G, sc->prep1);
-		attend_blocks(j, H, sc, qt, sc->prep1, G, i * G, R, b0, b1, (n_ctx - 1) / BT, n_ctx);
+		attend_blocks(j, H, sc, qt, sc->prep1, G, i * G, R, b0, b1, (n_ctx - 1) / BT, n_ctx, lo);
 	}
 	for (int i = 0; i < nq; i++) {
 		float *part = j->part + (((t0 + i) * sh->n_kv_heads + h) * j->n_chunks + c) * G * (d + 2);
@@ -636,10 +733,10 @@ static void combine_task(void *ctx, int ith, int nth)
 }
 
 /* How many block ranges each (tile, kv-head) is split into, and their length. */
-static void choose_split(const KvStore *s, ThreadPool *tp, int64_t pos0, int64_t n_tok, int64_t n_tiles,
-			 int64_t *ret_chunks, int64_t *ret_chunk_blocks)
+static void choose_split(const KvStore *s, ThreadPool *tp, int64_t base, int64_t pos0, int64_t n_tok,
+			 int64_t n_tiles, int64_t *ret_chunks, int64_t *ret_chunk_blocks)
 {
-	int64_t max_blocks = (pos0 + n_tok + BT - 1) / BT;
+	int64_t max_blocks = (pos0 + n_tok + BT - 1) / BT - base; /* from the first block seen */
 	int64_t items = n_tiles * s->base.shape.n_kv_heads;
 	int nth = tp ? threadpool_n_threads(tp) : 1;
 	int64_t per = max_blocks;
@@ -669,19 +766,20 @@ static int store_attend(KvCache *kv, ThreadPool *tp, int layer, int64_t pos0, in
 	const KvLayer *L = &s->layers[layer];
 	if (n_tok <= 0)
 		return 0;
-	/* every block the queries see was appended */
-	int64_t last = (pos0 + n_tok - 1) / BT;
+	/* every block the queries see was appended, and none was dropped */
+	int64_t last = (pos0 + n_tok - 1) / BT, base = kvcache_first_visible(sh, layer, pos0) / BT;
 	for (int h = 0; h < sh->n_kv_heads; h++)
-		if (last >= L->heads[h].cap_blocks || !L->heads[h].blocks[last])
+		if (last >= L->heads[h].cap_blocks || !L->heads[h].blocks[last] || base < L->heads[h].lo)
 			return -EINVAL;
 	int G = sh->n_heads / sh->n_kv_heads;
 	AttendJob j = {
-		.s = s, .L = L, .pos0 = pos0, .n_tok = n_tok, .group = G, .q = q, .out = out,
+		.s = s, .L = L, .pos0 = pos0, .n_tok = n_tok, .layer = layer, .base = base, .group = G,
+		.q = q, .out = out,
 		/* a tile's heads are one group of the kernels: at most KVPK_MAX_GROUP */
 		.tile = (int)MAX(1, MIN((int64_t)s->tile_tokens, MIN(n_tok, (int64_t)(KVPK_MAX_GROUP / G)))),
 	};
 	j.n_tiles = (n_tok + j.tile - 1) / j.tile;
-	choose_split(s, tp, pos0, n_tok, j.n_tiles, &j.n_chunks, &j.chunk_blocks);
+	choose_split(s, tp, base, pos0, n_tok, j.n_tiles, &j.n_chunks, &j.chunk_blocks);
 
 	size_t n;
 	if (size_mul_overflows((size_t)n_tok * sh->n_heads, (size_t)j.n_chunks, &n) ||
@@ -756,6 +854,12 @@ static void file_block_save(const KvCache *kv, int layer, int head, int64_t inde
 	region_save(&H->v, b + BT * L->k_bytes, index, n, L->v_bytes, out + BT * L->k_bytes);
 }
 
+/* A windowed layer's file holds what a query at n_kv still sees. */
+static int64_t file_first_block(const KvCache *kv, int layer, int64_t n_kv)
+{
+	return kvcache_window_first_block(&kv->shape, layer, n_kv);
+}
+
 static int file_block_load(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
 			   const uint8_t *in)
 {
@@ -797,6 +901,7 @@ static int file_record_load(KvCache *kv, int layer, int head, int role, int64_t 
 	const KvLayer *L = &store_of(kv)->layers[layer];
 	KvSide *side = file_side(kv, layer, head, role);
 	KvSideRows rows = side_rows(L, &L->heads[head], (KvRole)role);
+	rows.first = MAX(rows.first, kvcache_window_first_block(&kv->shape, layer, n_kv));
 	Error e = { 0 };
 	int r = side->ops->record_load(side->st, &rows, n_kv, in, &e);
 	if (r < 0)
@@ -814,6 +919,7 @@ static const KvCacheFileOps kvstore_file_ops = {
 	.block_bytes = file_block_bytes,
 	.block_save = file_block_save,
 	.block_load = file_block_load,
+	.first_block = file_first_block,
 	.record_tag = file_record_tag,
 	.record_bytes = file_record_bytes,
 	.record_save = file_record_save,
@@ -825,6 +931,8 @@ static const KvCacheOps kvstore_ops = {
 	.observe = store_observe,
 	.append = store_append,
 	.attend = store_attend,
+	.set_n_tokens = store_set_n_tokens,
+	.rewind_floor = store_rewind_floor,
 	.bytes_per_token = store_bytes_per_token,
 	.memory_bytes = store_memory_bytes,
 	.file = &kvstore_file_ops,

@@ -27,10 +27,25 @@
  * 32 keeps the V rows 32-byte aligned whatever kb is; a tq4 block at
  * head_dim 64 is 32 * 68 = 2176 bytes, a few blocks fit L1 while the query
  * heads of one kv-head stream through them. Blocks are allocated (zeroed)
- * when an append first reaches them and never freed before the cache:
- * rewinding with kvcache_set_n_tokens() keeps them for reuse, so memory
- * grows by blocks up to the largest length ever stored. Rows at positions
- * >= the cache's n_tokens are unspecified.
+ * when an append first reaches them; rewinding with kvcache_set_n_tokens()
+ * keeps them for reuse, so a global layer's memory grows by blocks up to
+ * the largest length ever stored. Rows at positions >= the cache's
+ * n_tokens are unspecified.
+ *
+ * == Windowed layers ==
+ *
+ * A sliding-window layer (kvcache.h: the query at q sees p > q - W) frees
+ * its blocks once no query can see them: an append at pos0 drops the
+ * blocks below the one holding pos0 - W + 1, and kvcache_set_n_tokens()
+ * growing to n drops those below the block of n - W + 1
+ * (kvcache_window_first_block()). Between batches such a layer holds at
+ * most ceil(W / 32) + 1 blocks per kv-head, during a batch of B tokens at
+ * most ceil((W + B - 1) / 32) + 1. Attention starts at the block of each
+ * token's first visible position and gives the rows below it inside that
+ * block weight exactly 0. A cache that dropped blocks cannot be rewound
+ * below kvcache_rewind_floor() (to 0 it always can: the caller
+ * recomputes), and its session files hold each windowed layer's blocks
+ * from kvcache_window_first_block() of the saved length on.
  *
  * == Attention ==
  *
@@ -156,3 +171,13 @@ void kvstore_set_split(KvCache *kv, int blocks_per_chunk);
  * forces tiles of n tokens (tests: 1 is a token at a time).
  */
 void kvstore_set_tile(KvCache *kv, int tokens);
+
+/*
+ * Tests: keep every block of the windowed layers (attention still masks
+ * the window): the full-cache reference a dropping store must match bit
+ * for bit.
+ */
+void kvstore_set_keep_all(KvCache *kv, bool keep);
+
+/* Blocks of (layer, head) allocated now (tests: a windowed layer's bound). */
+int64_t kvstore_blocks_held(const KvCache *kv, int layer, int head);

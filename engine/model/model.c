@@ -475,8 +475,10 @@ KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx)
 		.n_heads = m->cfg.n_heads,
 		.n_kv_heads = m->cfg.n_kv_heads,
 		.head_dim = m->cfg.head_dim,
-		/* no cache masks a window yet: within W tokens local attention is global attention */
-		.capacity = m->cfg.sliding_window > 0 ? MIN(n_ctx, (int64_t)m->cfg.sliding_window) : n_ctx,
+		.capacity = n_ctx,
+		/* the local layers' window, masked (and their blocks dropped) by the cache */
+		.window = m->cfg.sliding_window,
+		.window_period = m->cfg.swa_period,
 	};
 }
 

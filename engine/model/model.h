@@ -25,9 +25,10 @@
  * (1/sqrt(dim / n_heads) for the 62-layer 27B), as llama.cpp does.
  *
  * Sliding window: a local layer's query at p sees positions p - W + 1 .. p
- * (W = attention.sliding_window). The KV caches do not mask a window
- * yet, so model_kv_shape() caps a windowed model's context at W, where
- * local and global attention coincide: exact, but short.
+ * (W = attention.sliding_window, llama.cpp's convention). model_kv_shape()
+ * hands W and the layer pattern to the KV cache (KvCacheShape.window),
+ * which masks it and, in the compressed store, keeps only the blocks
+ * the window still sees (kvstore.h): the context is not capped.
  */
 #pragma once
 
@@ -137,10 +138,7 @@ int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err);
 Model *model_free(Model *m);
 DEFINE_FREEP(Model, model_free)
 
-/*
- * Shape of a KV cache for this model with capacity n_ctx tokens (at most
- * the sliding window for a windowed model, see above).
- */
+/* Shape of a KV cache for this model with capacity n_ctx tokens (and its local layers' window). */
 KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx);
 
 /*

@@ -174,6 +174,7 @@ typedef struct Layout {
 	uint64_t kv_len, tokens_len, messages_len;
 	uint64_t *layer_len;   /* (n_layers,) */
 	size_t *block_bytes;   /* (n_layers,) */
+	uint32_t *first_block; /* (n_layers,) the first block each LAYER section holds */
 	uint64_t file_bytes;
 } Layout;
 
@@ -181,6 +182,7 @@ static void layout_done(Layout *l)
 {
 	free(l->layer_len);
 	free(l->block_bytes);
+	free(l->first_block);
 }
 
 static uint64_t section_bytes(uint64_t payload)
@@ -207,7 +209,8 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 	l->n_blocks = (uint32_t)((n_kv + BT - 1) / BT);
 	l->layer_len = calloc_array((size_t)sh->n_layers, sizeof(uint64_t));
 	l->block_bytes = calloc_array((size_t)sh->n_layers, sizeof(size_t));
-	if (!l->layer_len || !l->block_bytes)
+	l->first_block = calloc_array((size_t)sh->n_layers, sizeof(uint32_t));
+	if (!l->layer_len || !l->block_bytes || !l->first_block)
 		return error_set(err, -ENOMEM, "out of memory");
 
 	l->kv_len = 16 + spec_len;
@@ -220,7 +223,9 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 				l->max_record = MAX(l->max_record, rec);
 			}
 		l->block_bytes[i] = l->file->block_bytes(kv, i);
-		l->layer_len[i] = 16 + (uint64_t)sh->n_kv_heads * l->n_blocks * l->block_bytes[i];
+		l->first_block[i] = (uint32_t)MIN((int64_t)l->n_blocks, l->file->first_block(kv, i, n_kv));
+		l->layer_len[i] = 16 + (uint64_t)sh->n_kv_heads * (l->n_blocks - l->first_block[i]) *
+					       l->block_bytes[i];
 	}
 	if (l->kv_len > SESSION_MAX_KV_SECTION)
 		return error_set(err, -EINVAL, "a KV section of %llu bytes: beyond the format",
@@ -320,10 +325,10 @@ static int write_layer_section(Out *o, const Layout *l, const SessionState *s, i
 	size_t bytes = l->block_bytes[layer];
 	out_section_begin(o, SESSION_SECTION_LAYER, l->layer_len[layer]);
 	out_u32(o, (uint32_t)layer);
-	out_u32(o, l->n_blocks);
+	out_u32(o, l->n_blocks - l->first_block[layer]);
 	out_u64(o, bytes);
 	for (int h = 0; h < l->n_kv_heads; h++)
-		for (uint32_t b = 0; b < l->n_blocks; b++) {
+		for (uint32_t b = l->first_block[layer]; b < l->n_blocks; b++) {
 			l->file->block_save(s->kv, layer, h, b, l->n_kv, scratch);
 			out_put(o, scratch, bytes);
 		}
@@ -680,7 +685,9 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 	const KvCacheShape *sh = &kv->shape;
 	const KvCacheFileOps *fo = kvcache_file(kv);
 	size_t bytes = fo->block_bytes(kv, layer);
-	uint32_t n_blocks = (hd->n_kv + BT - 1) / BT;
+	uint32_t end = (hd->n_kv + BT - 1) / BT;
+	uint32_t first = (uint32_t)MIN((int64_t)end, fo->first_block(kv, layer, hd->n_kv));
+	uint32_t n_blocks = end - first; /* a windowed layer's file holds what it still sees */
 	uint64_t expect = 16 + (uint64_t)sh->n_kv_heads * n_blocks * bytes;
 	char what[48];
 	const uint8_t *p;
@@ -696,7 +703,7 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 				 (unsigned long long)get_le(p + 8, 8), layer, n_blocks, bytes);
 	p += 16;
 	for (int h = 0; h < sh->n_kv_heads; h++)
-		for (uint32_t b = 0; b < n_blocks; b++, p += bytes)
+		for (uint32_t b = first; b < end; b++, p += bytes)
 			if ((r = fo->block_load(kv, layer, h, b, hd->n_kv, p)) != 0)
 				return error_set(err, r, "cannot restore a block: %s", strerror(-r));
 	return 0;

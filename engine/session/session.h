@@ -80,10 +80,14 @@
  *
  * LAYER (id 4), the KV rows of one layer:
  *   0      4    layer index (the section's position: 0, 1, ...)
- *   4      4    n_blocks = ceil(n_kv / 32)
+ *   4      4    n_blocks = ceil(n_kv / 32) - first, the blocks held
+ *               from block first on: first = KvCacheFileOps.first_block(),
+ *               0 except for a sliding-window layer of the compressed
+ *               store, which holds only what a query at n_kv still sees
+ *               (kvcache_window_first_block(): the block of n_kv - W + 1)
  *   8      8    block bytes: KvCacheFileOps.block_bytes() (the store's
  *               kvstore_block_bytes(); for kind 0 32 * 2 * head_dim * 4)
- *   16     n_kv_heads * n_blocks * block bytes: kv-head 0's blocks 0..,
+ *   16     n_kv_heads * n_blocks * block bytes: kv-head 0's blocks first..,
  *          then kv-head 1's, ... Each block holds positions 32 i ..
  *          32 i + 31 as kvstore.h lays it out (32 K rows, then 32 V
  *          rows; kind 0 writes f32 rows the same way), as

@@ -389,6 +389,40 @@ extern "C" int bcu_swiglu(float *gate, const float *up, int64_t n)
 	return (int)cudaGetLastError();
 }
 
+/* gelu_tanh(gate) * up, ops.c's op_geglu() (the CPU's) written for the device */
+__global__ void geglu_kernel(float *gate, const float *up, int64_t n)
+{
+	const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		const float g = gate[i];
+		gate[i] = 0.5f * g * (1.0f + tanhf(c * g * (1.0f + 0.044715f * g * g))) * up[i];
+	}
+}
+
+extern "C" int bcu_geglu(float *gate, const float *up, int64_t n)
+{
+	if (n < 1)
+		return (int)cudaSuccess;
+	geglu_kernel<<<elem_blocks(n, EW_THREADS), EW_THREADS>>>(gate, up, n);
+	return (int)cudaGetLastError();
+}
+
+__global__ void scale_kernel(float *x, float s, int64_t n)
+{
+	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		x[i] *= s;
+}
+
+extern "C" int bcu_scale(float *x, float s, int64_t n)
+{
+	if (n < 1)
+		return (int)cudaSuccess;
+	scale_kernel<<<elem_blocks(n, EW_THREADS), EW_THREADS>>>(x, s, n);
+	return (int)cudaGetLastError();
+}
+
 __global__ void add_kernel(float *x, const float *y, int64_t n)
 {
 	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;

@@ -56,6 +56,12 @@ int bcu_rope(float *x, int64_t n, int n_heads, int head_dim, int n_rot, int neox
 /* gate (n,) = silu(gate) * up */
 int bcu_swiglu(float *gate, const float *up, int64_t n);
 
+/* gate (n,) = gelu_tanh(gate) * up (gemma3) */
+int bcu_geglu(float *gate, const float *up, int64_t n);
+
+/* x (n,) *= s */
+int bcu_scale(float *x, float s, int64_t n);
+
 /* x (n,) += y (n,) */
 int bcu_add(float *x, const float *y, int64_t n);
 

@@ -16,7 +16,8 @@
  *            row's largest value);
  *   the rest rope_angles equal to the CPU's (computed by it), rope (both
  *            styles, n_rot < head_dim), rmsnorm (in place too), add_bias,
- *            swiglu and add against the CPU backend, 1e-5 relative.
+ *            swiglu, add, geglu and scale against the CPU backend, 1e-5
+ *            relative (scale 1e-6).
  *   memory   an uploaded weight handed in again stays as it is; new host
  *            bytes at an address uploaded before get their own copy (a
  *            freed model's memory is reused by the next); an allocation
@@ -424,6 +425,17 @@ static void test_small_ops(Backend *g)
 	check(g->ops->add(g, dx, dy, len) == 0, "add");
 	to_host(g, got, dx, bytes);
 	compare("add", got, x, len, 1e-5);
+
+	/* gemma3's: GELU-tanh gating and a scale (embeddings by sqrt(dim), queries) */
+	cpu->ops->geglu(cpu, x, y, len);
+	check(g->ops->geglu(g, dx, dy, len) == 0, "geglu");
+	to_host(g, got, dx, bytes);
+	compare("geglu", got, x, len, 1e-5);
+
+	cpu->ops->scale(cpu, x, 0.37f, len);
+	check(g->ops->scale(g, dx, 0.37f, len) == 0, "scale");
+	to_host(g, got, dx, bytes);
+	compare("scale", got, x, len, 1e-6);
 
 	test_rope(g, ROPE_STYLE_NORM, 64);
 	test_rope(g, ROPE_STYLE_NEOX, 64);

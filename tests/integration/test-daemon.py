@@ -10,7 +10,6 @@ means no leak). Greedy answers are compared with `turbokv-lab generate --greedy
 --chat` for the same prompt: the golden output comes from the engine in-process.
 The default model must be present (CI has it): a missing model fails.
 """
-import argparse
 import fcntl
 import json
 import os
@@ -26,6 +25,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as h  # noqa: E402
 import tkvwire as w  # noqa: E402
 
 THREADS = "2"
@@ -33,66 +33,31 @@ PROMPTS = ["What is the capital of France?", "Name three colors."]
 N_TOKENS = 12
 
 
-RUNNING = []
 # The daemon's default KV type (engine/kv/kvtype.h KV_DEFAULT_SPEC): golden answers use the same cache.
 DEFAULT_KV = "pk5:tq3.5_nc"
 
 
-class Daemon:
-    def __init__(self, args, tmp, extra=(), activate=False, env=None):
-        RUNNING.append(self)
+class Daemon(h.Notified):
+    """turbokvd with its socket and state under tmp; activate: started by
+    systemd-socket-activate on the socket. stderr: as harness.Notified."""
+
+    def __init__(self, args, tmp, extra=(), activate=False, env=None, stderr=None):
         self.tmp = tmp
         self.sock = os.path.join(tmp, "run", "turbokvd.sock")
-        self.notify_path = os.path.join(tmp, "notify")
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify.bind(self.notify_path)
-        self.notify.settimeout(1)
-        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, XDG_STATE_HOME=os.path.join(tmp, "state"),
-                   **(env or {}))
-        env = {k: v for k, v in env.items() if v is not None}  # None: remove from the environment
+        notify_path = os.path.join(tmp, "notify")
         cmd = [args.daemon, "--threads", THREADS, "--state-dir", os.path.join(tmp, "state")]
         cmd += list(extra)
         if activate:
             os.makedirs(os.path.dirname(self.sock), exist_ok=True)
             sa = shutil.which("systemd-socket-activate")
-            cmd = [sa, "-l", self.sock, "-E", "NOTIFY_SOCKET=" + self.notify_path] + \
-                  (["-E", "TURBOKV_MODEL=" + os.environ["TURBOKV_MODEL"]] if "TURBOKV_MODEL" in os.environ else []) + \
-                  (["-E", "ASAN_OPTIONS=" + os.environ["ASAN_OPTIONS"]] if "ASAN_OPTIONS" in os.environ else []) + \
-                  (["-E", "UBSAN_OPTIONS=" + os.environ["UBSAN_OPTIONS"]] if "UBSAN_OPTIONS" in os.environ else []) + cmd
+            cmd = [sa, "-l", self.sock, "-E", "NOTIFY_SOCKET=" + notify_path] + \
+                  [a for k in ("TURBOKV_MODEL", "ASAN_OPTIONS", "UBSAN_OPTIONS") if k in os.environ
+                   for a in ("-E", k + "=" + os.environ[k])] + cmd
         else:
             cmd += ["--socket", self.sock]
-        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-        self.stderr = []
-        self.reader = threading.Thread(target=self._drain, daemon=True)
-        self.reader.start()
-        self.messages = []
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-            sys.stderr.write("[turbokvd] " + line)
-
-    def wait_ready(self, timeout=120):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("turbokvd exited with %d before READY=1" % self.proc.returncode)
-            try:
-                msg = self.notify.recv(4096).decode()
-            except socket.timeout:
-                continue
-            self.messages.append(msg)
-            if "READY=1" in msg.split("\n"):
-                return
-        raise AssertionError("no READY=1 within %d s" % timeout)
-
-    def stop(self, timeout=60):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout)
-        self.reader.join(5)
-        assert rc == 0, "turbokvd exited with %d" % rc
-        return rc
+        full_env = {"XDG_STATE_HOME": os.path.join(tmp, "state")}
+        full_env.update(env or {})
+        super().__init__("turbokvd", cmd, tmp, env=full_env, notify_name="notify", stderr=stderr)
 
 
 _golden = {}
@@ -1208,26 +1173,5 @@ def case_prefix_reuse(args, tmp):
     return 0
 
 
-CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--daemon", required=True)
-    ap.add_argument("--lab", required=True)
-    ap.add_argument("case", choices=sorted(CASES))
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="tkv-it-")
-    try:
-        rc = CASES[args.case](args, tmp)
-    finally:
-        for d in RUNNING:
-            if d.proc.poll() is None:
-                d.proc.kill()
-                d.proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return rc or 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(h.run_cases(h.cases_of(globals()), ("daemon", "lab"), "tkv-it-"))

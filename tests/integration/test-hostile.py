@@ -11,21 +11,18 @@ descriptors or connections, tamper with the state directory, and the small
 ones. Every case ends with the daemon still serving (an honest client gets a
 correct greedy answer where that matters) and exiting 0 on SIGTERM.
 """
-import argparse
 import importlib.util
 import os
-import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import harness  # noqa: E402
 import tkvwire as w  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("test_daemon", os.path.join(HERE, "test-daemon.py"))
@@ -34,30 +31,7 @@ _spec.loader.exec_module(td)
 ask, check_answer, PROMPTS = td.ask, td.check_answer, td.PROMPTS
 
 
-class Daemon(td.Daemon):
-    """test-daemon.py's Daemon; stderr=FD sends the daemon's stderr there instead of to the test's log."""
-
-    def __init__(self, args, tmp, stderr=None, **kw):
-        try:
-            os.unlink(os.path.join(tmp, "notify"))  # a restart on the same directory
-        except FileNotFoundError:
-            pass
-        if stderr is None:
-            super().__init__(args, tmp, **kw)
-            return
-        td.RUNNING.append(self)
-        self.tmp, self.stderr, self.messages = tmp, [], []
-        self.sock = os.path.join(tmp, "run", "turbokvd.sock")
-        self.notify_path = os.path.join(tmp, "notify")
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify.bind(self.notify_path)
-        self.notify.settimeout(1)
-        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, XDG_STATE_HOME=os.path.join(tmp, "state"))
-        cmd = [args.daemon, "--threads", td.THREADS, "--state-dir", os.path.join(tmp, "state"),
-               "--socket", self.sock] + list(kw.get("extra", ()))
-        self.proc = subprocess.Popen(cmd, env=env, stderr=stderr)
-        self.reader = threading.Thread(target=lambda: None)
-        self.reader.start()
+Daemon = td.Daemon
 
 # A raw prompt of a few thousand tokens: several prefill chunks of 512.
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 110
@@ -493,26 +467,5 @@ def case_state_dir(args, tmp):
     d.stop()
 
 
-CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--daemon", required=True)
-    ap.add_argument("--lab", required=True)
-    ap.add_argument("case", choices=sorted(CASES))
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="tkv-hostile-")
-    try:
-        rc = CASES[args.case](args, tmp)
-    finally:
-        for d in td.RUNNING:
-            if getattr(d, "proc", None) and d.proc.poll() is None:
-                d.proc.kill()
-                d.proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return rc or 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_cases(harness.cases_of(globals()), ("daemon", "lab"), "tkv-hostile-"))

@@ -22,65 +22,24 @@ on a free loopback port (readiness of both seen on a NOTIFY_SOCKET), then:
 The openai and ollama packages come from DIR (scripts/setup-pyclients.sh); a
 missing package fails the test.
 """
-import argparse
 import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as h  # noqa: E402
 
 THREADS = "2"
 QUESTION = "What is the capital of France?"
 N = 12
-RUNNING = []
 
 
-class Proc:
-    """A program that says READY=1 on NOTIFY_SOCKET."""
-
-    def __init__(self, name, cmd, tmp, env=None):
-        RUNNING.append(self)
-        self.name = name
-        self.notify_path = os.path.join(tmp, "notify-" + name)
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify.bind(self.notify_path)
-        self.notify.settimeout(1)
-        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, **(env or {}))
-        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-        self.stderr = []
-        self.reader = threading.Thread(target=self._drain, daemon=True)
-        self.reader.start()
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-            sys.stderr.write("[%s] %s" % (self.name, line))
-
-    def wait_ready(self, timeout=120):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("%s exited with %d before READY=1" % (self.name, self.proc.returncode))
-            try:
-                msg = self.notify.recv(4096).decode()
-            except socket.timeout:
-                continue
-            if "READY=1" in msg.split("\n"):
-                return self
-        raise AssertionError("%s: no READY=1 within %d s" % (self.name, timeout))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(60)
-        self.reader.join(5)
-        assert rc == 0, "%s exited with %d" % (self.name, rc)
+Proc = h.Notified
 
 
 def free_port():
@@ -460,29 +419,6 @@ def case_disconnect(args, tmp):
     s.stop()
 
 
-CASES = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--daemon", required=True)
-    ap.add_argument("--gateway", required=True)
-    ap.add_argument("--cli", required=True)
-    ap.add_argument("--pyclients", required=True)
-    ap.add_argument("case", choices=sorted(CASES))
-    args = ap.parse_args()
-    sys.path.insert(0, args.pyclients)
-    tmp = tempfile.mkdtemp(prefix="tkv-http-")
-    try:
-        rc = CASES[args.case](args, tmp)
-    finally:
-        for p in RUNNING:
-            if p.proc.poll() is None:
-                p.proc.kill()
-                p.proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return rc or 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(h.run_cases(h.cases_of(globals()), ("daemon", "gateway", "cli", "pyclients"), "tkv-http-",
+                         setup=lambda args: sys.path.insert(0, args.pyclients)))

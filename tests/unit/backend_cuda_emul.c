@@ -268,6 +268,34 @@ int bcu_swiglu(float *gate, const float *up, int64_t n)
 	return cudaGetLastError(); /* as a launch: earlier failures show up here */
 }
 
+int bcu_geglu(float *gate, const float *up, int64_t n)
+{
+	if (n < 1)
+		return cudaSuccess;
+	devmem_check(gate, (size_t)n * sizeof(float), "bcu_geglu gate");
+	devmem_check(up, (size_t)n * sizeof(float), "bcu_geglu up");
+	devmem_open();
+	const float c = 0.7978845608028654f;
+	for (int64_t i = 0; i < n; i++) {
+		const float g = gate[i];
+		gate[i] = 0.5f * g * (1.0f + tanhf(c * g * (1.0f + 0.044715f * g * g))) * up[i];
+	}
+	devmem_close();
+	return cudaGetLastError();
+}
+
+int bcu_scale(float *x, float s, int64_t n)
+{
+	if (n < 1)
+		return cudaSuccess;
+	devmem_check(x, (size_t)n * sizeof(float), "bcu_scale x");
+	devmem_open();
+	for (int64_t i = 0; i < n; i++)
+		x[i] *= s;
+	devmem_close();
+	return cudaGetLastError();
+}
+
 int bcu_add(float *x, const float *y, int64_t n)
 {
 	if (n < 1)

@@ -10,12 +10,23 @@
  *             margin exceeds 0.25; after a step at or below it the two may
  *             part (the margin is ours: llama-simple prints no logits).
  *
+ *   window    past the sliding window (512): 900 tokens of docs/architecture.md
+ *             and 24 greedy steps on the compressed store, whose local
+ *             layers drop the blocks the window no longer sees, give logits
+ *             bit for bit those of the same store keeping every block (the
+ *             full-cache reference, masking the window the same way), and
+ *             differ from a cache with no window (the mask matters here);
+ *             the local layers hold at most ceil(512 / 32) + 1 blocks between
+ *             steps.
+ *
  * Exits 77 (skipped) when the model is not in the cache. Kept short (one
- * load, 64 decode steps) for CI.
+ * load, 64 + 24 decode steps, one 900-token prefill three times) for CI.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kv/kvstore.h"
 #include "engine/model/model.h"
 #include "engine/text/tokenizer.h"
 #include "tests/unit/testutil.h"
@@ -159,6 +170,90 @@ START_TEST(gemma_greedy_matches_llamacpp)
 }
 END_TEST
 
+enum { WIN_PROMPT = 900, WIN_STEPS = 24 };
+
+/* A q8_0 store for the model (windowed as the model says, or with window 0), keeping all blocks if asked. */
+static KvCache *window_cache(int64_t cap, bool windowed, bool keep_all)
+{
+	KvCacheShape sh = model_kv_shape(model, cap);
+	if (!windowed)
+		sh.window = 0;
+	KvPlan *plan = NULL;
+	KvCache *kv = NULL;
+	Error err = { 0 };
+	ck_assert_int_eq(kvplan_from_text("q8_0", sh.n_layers, sh.n_kv_heads, sh.head_dim, &plan, &err), 0);
+	ck_assert_msg(kvcache_new_quant(&sh, plan, 7, &kv, &err) == 0, "%s", err.msg);
+	kvstore_set_keep_all(kv, keep_all);
+	kvplan_free(plan);
+	return kv;
+}
+
+START_TEST(gemma_window_drop_equals_full_cache)
+{
+	size_t len = 0;
+	char *text = test_read_file(test_data_path("../../docs/architecture.md"), &len);
+	ck_assert_msg(text, "missing docs/architecture.md");
+	int32_t *ids = NULL;
+	size_t n = 0;
+	ck_assert_int_eq(tokenizer_encode(tok, text, len, false, &ids, &n), 0);
+	ck_assert_uint_ge(n, WIN_PROMPT);
+	int W = model->cfg.sliding_window;
+	ck_assert_int_eq(W, 512);
+	ids[0] = tokenizer_bos(tok);
+	ThreadPool *tp = NULL;
+	ck_assert_int_eq(threadpool_new(2, &tp), 0);
+	int nv = model->cfg.n_vocab;
+	int64_t cap = WIN_PROMPT + WIN_STEPS;
+	float *logits[3];
+	int32_t gen[WIN_STEPS];
+	/* 0: dropping blocks, 1: keeping them (the reference), 2: no window at all */
+	for (int c = 0; c < 3; c++) {
+		KvCache *kv = window_cache(cap, c != 2, c == 1);
+		ModelRun *run = NULL;
+		ck_assert_int_eq(model_run_new(model, 64, tp, &run), 0);
+		logits[c] = malloc(sizeof(float) * (WIN_STEPS + 1) * nv);
+		ck_assert_ptr_nonnull(logits[c]);
+		ck_assert_int_eq(model_eval(model, run, kv, ids, WIN_PROMPT, logits[c], NULL), 0);
+		for (int step = 0; step < WIN_STEPS; step++) {
+			const float *l = logits[c] + (size_t)step * nv;
+			if (c == 0) { /* the dropping run's greedy tokens, fed to all three */
+				int top = 0;
+				for (int v = 1; v < nv; v++)
+					if (l[v] > l[top])
+						top = v;
+				gen[step] = top;
+			}
+			ck_assert_int_eq(model_eval(model, run, kv, &gen[step], 1, logits[c] + (size_t)(step + 1) * nv,
+						    NULL), 0);
+			for (int il = 0; c == 0 && il < model->cfg.n_layers; il++)
+				if (model->layers[il].local)
+					ck_assert_int_le(kvstore_blocks_held(kv, il, 0), (W + 31) / 32 + 1);
+				else
+					ck_assert_int_eq(kvstore_blocks_held(kv, il, 0), (kvcache_n_tokens(kv) + 31) / 32);
+		}
+		if (c == 0)
+			fprintf(stderr, "window: local layers hold %lld blocks (%zu KV bytes in all) at %lld tokens\n",
+				(long long)kvstore_blocks_held(kv, 0, 0), kvcache_memory_bytes(kv),
+				(long long)kvcache_n_tokens(kv));
+		model_run_free(run);
+		kvcache_free(kv);
+	}
+	size_t bytes = sizeof(float) * (WIN_STEPS + 1) * nv;
+	ck_assert_msg(memcmp(logits[0], logits[1], bytes) == 0,
+		      "dropping the window's old blocks changed the logits");
+	double most = 0;
+	for (size_t i = 0; i < (size_t)(WIN_STEPS + 1) * nv; i++)
+		most = fmax(most, fabs((double)logits[0][i] - logits[2][i]));
+	fprintf(stderr, "window: without the mask the logits move by up to %.3f\n", most);
+	ck_assert_msg(most > 0.1, "the window made no difference (%g): the test would not see an error", most);
+	for (int c = 0; c < 3; c++)
+		free(logits[c]);
+	threadpool_free(tp);
+	free(ids);
+	free(text);
+}
+END_TEST
+
 int main(void)
 {
 	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -183,6 +278,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, gemma_tokenize_matches_llamacpp);
 	tcase_add_test(tc, gemma_greedy_matches_llamacpp);
+	tcase_add_test(tc, gemma_window_drop_equals_full_cache);
 	suite_add_tcase(s, tc);
 	int r = test_run_suite(s);
 	tokenizer_free(tok);

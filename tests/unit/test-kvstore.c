@@ -209,7 +209,7 @@ static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, c
  * (whole blocks past 0; the rest exact).
  */
 static void load_pk(const KvCache *kv, int layer, int head, const float *k, size_t stride,
-		    const float *q, int64_t n, const float *mu, float *x)
+		    const float *q, int64_t n, const float *mu, int64_t first_block, float *x)
 {
 	enum { BT = KV_BLOCK_TOKENS };
 	const KvCacheShape *sh = &kv->shape;
@@ -243,7 +243,7 @@ static void load_pk(const KvCache *kv, int layer, int head, const float *k, size
 	ck_assert(want && rows);
 	for (int64_t p = 0; p < n; p++)
 		memcpy(x + p * d, k + (size_t)p * stride, (size_t)d * sizeof(float));
-	for (int64_t b = 1; (b + 1) * BT <= n; b++) {
+	for (int64_t b = MAX(1, first_block); (b + 1) * BT <= n; b++) { /* a windowed layer's from first_block */
 		for (int r = 0; r < BT; r++)
 			for (int i = 0; i < d; i++)
 				rows[r * d + i] = k[(size_t)(b * BT + r) * stride + i] - mu[i];
@@ -263,12 +263,22 @@ static void load_pk(const KvCache *kv, int layer, int head, const float *k, size
 	free(rows);
 }
 
-/* Exact attention in double of query qh (d,) over decoded rows 0..pos of one kv-head. */
-static void reference(const float *kd, const float *vd, int d, const float *qh, int64_t pos, double *out)
+/*
+ * Exact attention in double of query qh (d,) at position pos over the
+ * decoded rows of one kv-head it sees: 0..pos, or in a layer of window W
+ * (W > 0) the p with pos - p < W (llama.cpp's convention), written out
+ * here without the cache's helpers.
+ */
+static void reference(const float *kd, const float *vd, int d, const float *qh, int64_t pos, int64_t W,
+		      double *out)
 {
 	double *s = malloc((size_t)(pos + 1) * sizeof(double));
 	double max = -INFINITY, sum = 0;
 	for (int64_t p = 0; p <= pos; p++) {
+		if (W > 0 && pos - p >= W) {
+			s[p] = -INFINITY;
+			continue;
+		}
 		double dot = 0;
 		for (int i = 0; i < d; i++)
 			dot += (double)qh[i] * kd[p * d + i];
@@ -276,7 +286,7 @@ static void reference(const float *kd, const float *vd, int d, const float *qh, 
 		max = fmax(max, s[p]);
 	}
 	for (int64_t p = 0; p <= pos; p++)
-		sum += s[p] = exp(s[p] - max);
+		sum += s[p] = exp(s[p] - max); /* exp(-inf) = 0 exactly */
 	for (int i = 0; i < d; i++) {
 		out[i] = 0;
 		for (int64_t p = 0; p <= pos; p++)
@@ -320,6 +330,9 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 			ck_assert_int_eq(kvcache_attend(kv, tp, l, pos0, n, in->q + pos0 * H * d,
 							out + pos0 * H * d), 0);
 			const KvLayerTypes *lt = &plan->layers[l];
+			/* a windowed layer holds (and the batch reads) from here on */
+			int64_t lo_block = kvcache_first_visible(sh, l, pos0) / KV_BLOCK_TOKENS;
+			int64_t W = kvcache_layer_window(sh, l);
 			for (int h = 0; h < KVH; h++) {
 				TqCodec *kc = lt->k.format == KV_FORMAT_TQ ? side_codec(kv, &lt->k, l, h, KV_ROLE_K) : NULL;
 				TqCodec *vc = lt->v.format == KV_FORMAT_TQ ? side_codec(kv, &lt->v, l, h, KV_ROLE_V) : NULL;
@@ -333,8 +346,8 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 					expect_center(kv, l, h, k + h * d, row, pos0 + n, mu);
 				bool pk = lt->k.format == KV_FORMAT_PK;
 				if (pk)
-					load_pk(kv, l, h, k + h * d, row, in->q, pos0 + n, mu, kd);
-				for (int64_t p = 0; p < pos0 + n; p++) {
+					load_pk(kv, l, h, k + h * d, row, in->q, pos0 + n, mu, lo_block, kd);
+				for (int64_t p = lo_block * KV_BLOCK_TOKENS; p < pos0 + n; p++) {
 					if (!pk)
 						load_row(kv, &lt->k, kc, kq.rot ? &kq : NULL, l, h, KV_ROLE_K, p,
 							 k + p * row + h * d, lt->k.centered ? mu : NULL, kd + p * d);
@@ -353,7 +366,7 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 					for (int g = 0; g < G; g++) {
 						int hq = h * G + g;
 						double want[TQ_MAX_DIM];
-						reference(kd, vd, d, in->q + (t * H + hq) * d, t, want);
+						reference(kd, vd, d, in->q + (t * H + hq) * d, t, W, want);
 						for (int i = 0; i < d; i++) {
 							float got = out[(t * H + hq) * d + i];
 							ck_assert_msg(fabs(got - want[i]) <= TOL * (1 + fabs(want[i])),
@@ -372,6 +385,11 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 		}
 		pos0 += n;
 		kvcache_set_n_tokens(kv, pos0);
+		/* at rest a windowed layer holds at most ceil(W / 32) + 1 blocks per kv-head */
+		for (int l = 0; l < sh->n_layers; l++)
+			for (int h = 0; l < sh->n_layers && kvcache_layer_window(sh, l) && h < KVH; h++)
+				ck_assert_int_le(kvstore_blocks_held(kv, l, h),
+						 (kvcache_layer_window(sh, l) + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1);
 	}
 	free(out);
 	free(kd);
@@ -818,8 +836,11 @@ END_TEST
  */
 START_TEST(tiles_equal_tokens)
 {
-	const char *spec = specs[_i];
+	const char *spec = specs[_i % ARRAY_SIZE(specs)];
 	Inputs in = random_inputs(test_seed() + 300 + (uint64_t)_i);
+	/* the second half of the loop: layers 0 and 1 windowed (W = 45), their edge inside a block */
+	if (_i >= (int)ARRAY_SIZE(specs))
+		in.shape.window = 45, in.shape.window_period = 3;
 	const KvCacheShape *sh = &in.shape;
 	int d = sh->head_dim, H = sh->n_heads;
 	size_t row = (size_t)sh->n_kv_heads * d, qrow = (size_t)H * d;
@@ -857,6 +878,214 @@ START_TEST(tiles_equal_tokens)
 		free(out[1]);
 	}
 	threadpool_free(tp);
+	kvplan_free(plan);
+	inputs_free(&in);
+}
+END_TEST
+
+/*
+ * Sliding-window layers: W = 45 (the edge falls inside a block), layers 0
+ * and 1 windowed, layer 2 global, 160 tokens (the windowed layers drop
+ * blocks 0 .. 2). Every output against the windowed reference in double
+ * on the decoded rows (an off-by-one at the edge moves an output by far
+ * more than TOL), and the blocks held bounded by the window after every
+ * batch (check_spec()).
+ */
+enum { WN = 160, WW = 45 };
+static const int64_t win_batches[] = { 40, 1, 23, 1, 31, 33, 1, 30 };
+
+static Inputs windowed_inputs(uint64_t seed)
+{
+	Inputs in = {
+		.shape = { .n_layers = RL, .n_heads = RH, .n_kv_heads = RKVH, .head_dim = RD, .capacity = WN,
+			   .window = WW, .window_period = 3 },
+		.n = WN,
+	};
+	uint64_t st = seed;
+	size_t nkv = (size_t)RL * WN * RKVH * RD;
+	in.k = malloc_array(nkv, sizeof(float));
+	in.v = malloc_array(nkv, sizeof(float));
+	in.q = malloc_array((size_t)WN * RH * RD, sizeof(float));
+	ck_assert(in.k && in.v && in.q);
+	for (size_t i = 0; i < nkv; i++) {
+		int ch = (int)(i % RD);
+		in.k[i] = test_rand_normal(&st) * (ch == 5 || ch == 17 ? 6.0f : 1.0f) + 0.3f;
+		in.v[i] = test_rand_normal(&st);
+	}
+	for (size_t i = 0; i < (size_t)WN * RH * RD; i++)
+		in.q[i] = test_rand_normal(&st);
+	return in;
+}
+
+START_TEST(windowed_equals_dequantized)
+{
+	const char *spec = specs[_i];
+	Inputs in = windowed_inputs(test_seed() + 500 + (uint64_t)_i);
+	const struct { int threads, split; } runs[] = { { 1, 0 }, { 3, 1 } };
+	for (size_t r = 0; r < ARRAY_SIZE(runs); r++) {
+		KvCache *kv = check_spec(spec, &in, win_batches, (int)ARRAY_SIZE(win_batches), runs[r].threads,
+					 runs[r].split);
+		/* at 160 tokens a query sees 116..: blocks 3 and 4 of layers 0, 1; all 5 of layer 2 */
+		for (int h = 0; h < RKVH; h++) {
+			for (int l = 0; l < 2; l++) {
+				ck_assert_int_eq(kvstore_blocks_held(kv, l, h), 2);
+				ck_assert_ptr_null(kvstore_block(kv, l, h, 2));
+				ck_assert_ptr_nonnull(kvstore_block(kv, l, h, 3));
+			}
+			ck_assert_int_eq(kvstore_blocks_held(kv, 2, h), 5);
+		}
+		size_t want = 0;
+		for (int l = 0; l < RL; l++)
+			want += (l < 2 ? 2 : 5) * RKVH * kvstore_block_bytes(kv, l);
+		ck_assert_uint_eq(kvstore_bytes_allocated(kv), want);
+		kvcache_free(kv);
+	}
+	inputs_free(&in);
+}
+END_TEST
+
+/*
+ * Appends and attention of the whole sequence on cache kv, in win_batches,
+ * outputs into out (RL, WN, n_heads * d); the most blocks any windowed
+ * layer held during a batch into *ret_most.
+ */
+static void run_windowed(KvCache *kv, const Inputs *in, ThreadPool *tp, float *out, int64_t *ret_most)
+{
+	const KvCacheShape *sh = &in->shape;
+	size_t row = (size_t)sh->n_kv_heads * sh->head_dim, qrow = (size_t)sh->n_heads * sh->head_dim;
+	int64_t pos = 0, most = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(win_batches); i++) {
+		for (int l = 0; l < RL; l++) {
+			size_t at = (size_t)l * WN * row + (size_t)pos * row;
+			ck_assert_int_eq(observe_append(kv, l, pos, win_batches[i], in->k + at, in->v + at,
+							in->q + pos * qrow), 0);
+			ck_assert_int_eq(kvcache_attend(kv, tp, l, pos, win_batches[i], in->q + pos * qrow,
+							out + ((size_t)l * WN + pos) * qrow), 0);
+			if (kvstore_is(kv) && kvcache_layer_window(sh, l))
+				most = MAX(most, kvstore_blocks_held(kv, l, 0));
+		}
+		pos += win_batches[i];
+		kvcache_set_n_tokens(kv, pos);
+	}
+	*ret_most = most;
+}
+
+/* Dropping blocks changes nothing: bit for bit what a store keeping every block (and masking) gives. */
+START_TEST(windowed_drop_equals_keep_all)
+{
+	const char *spec = specs[_i];
+	Inputs in = windowed_inputs(test_seed() + 700 + (uint64_t)_i);
+	size_t qrow = (size_t)RH * RD;
+	KvPlan *plan = NULL;
+	ck_assert_int_eq(kvplan_from_text(spec, RL, RKVH, RD, &plan, NULL), 0);
+	ThreadPool *tp = NULL;
+	ck_assert_int_eq(threadpool_new(2, &tp), 0);
+	float *out[2];
+	int64_t most[2];
+	for (int keep = 0; keep < 2; keep++) {
+		KvCache *kv = NULL;
+		ck_assert_int_eq(kvcache_new_quant(&in.shape, plan, 21, &kv, NULL), 0);
+		kvstore_set_keep_all(kv, keep);
+		out[keep] = malloc(sizeof(float) * RL * WN * qrow);
+		ck_assert_ptr_nonnull(out[keep]);
+		run_windowed(kv, &in, tp, out[keep], &most[keep]);
+		ck_assert_int_eq(kvcache_rewind_floor(kv), keep ? 0 : 3 * KV_BLOCK_TOKENS + WW - 1);
+		kvcache_free(kv);
+	}
+	ck_assert_msg(memcmp(out[0], out[1], sizeof(float) * RL * WN * qrow) == 0,
+		      "%s: a windowed store that drops blocks differs from one that keeps them", spec);
+	/*
+	 * During the batch of 33 at 96 (what positions 52 .. 128 see: blocks
+	 * 1 .. 4) 4 blocks: ceil((W + 33 - 1) / 32) + 1; kept, all 5.
+	 */
+	ck_assert_int_eq(most[0], 4);
+	ck_assert_int_eq(most[1], 5);
+	free(out[0]);
+	free(out[1]);
+	threadpool_free(tp);
+	kvplan_free(plan);
+	inputs_free(&in);
+}
+END_TEST
+
+/*
+ * Rewinding: down to the floor a windowed store goes on exactly as before
+ * (the same rows appended again give the same outputs), and to 0 it starts
+ * over; the floor is the lowest length whose window it still holds.
+ */
+START_TEST(windowed_rewind_floor)
+{
+	Inputs in = windowed_inputs(test_seed() + 900);
+	const KvCacheShape *sh = &in.shape;
+	size_t row = (size_t)RKVH * RD, qrow = (size_t)RH * RD;
+	static const char *const rspecs[] = { "q8_0", "tq4:tq3", "pk4:tq3" };
+	ThreadPool *tp = NULL;
+	ck_assert_int_eq(threadpool_new(2, &tp), 0);
+	float *out = malloc(sizeof(float) * RL * WN * qrow), *again = malloc(sizeof(float) * qrow * WN);
+	ck_assert(out && again);
+	for (size_t c = 0; c < ARRAY_SIZE(rspecs); c++) {
+		KvPlan *plan = NULL;
+		ck_assert_int_eq(kvplan_from_text(rspecs[c], RL, RKVH, RD, &plan, NULL), 0);
+		KvCache *kv = NULL;
+		ck_assert_int_eq(kvcache_new_quant(sh, plan, 5, &kv, NULL), 0);
+		int64_t most;
+		run_windowed(kv, &in, tp, out, &most);
+		/* held from block 3 (position 96): a query at n sees n - 44.., so n >= 140 */
+		int64_t floor = kvcache_rewind_floor(kv);
+		ck_assert_int_eq(floor, 140);
+		for (int64_t back = 0; back < 2; back++) {
+			int64_t from = back ? 0 : floor;
+			kvcache_set_n_tokens(kv, from);
+			for (int l = 0; l < RL; l++) {
+				size_t at = (size_t)l * WN * row + (size_t)from * row;
+				ck_assert_int_eq(observe_append(kv, l, from, WN - from, in.k + at, in.v + at,
+								in.q + from * qrow), 0);
+				ck_assert_int_eq(kvcache_attend(kv, tp, l, from, WN - from, in.q + from * qrow, again), 0);
+				/* pk learns its weights from block 0's queries: the same queries, the same weights */
+				for (int64_t t = 0; t < WN - from; t++)
+					for (size_t x = 0; x < qrow; x++) {
+						float a = again[t * qrow + x], b = out[((size_t)l * WN + from + t) * qrow + x];
+						ck_assert_msg(fabsf(a - b) <= 1e-5f * (1 + fabsf(b)),
+							      "%s: layer %d pos %lld after a rewind to %lld: %g vs %g",
+							      rspecs[c], l, (long long)(from + t), (long long)from, a, b);
+					}
+			}
+			kvcache_set_n_tokens(kv, WN);
+			ck_assert_int_eq(kvcache_rewind_floor(kv), 140);
+		}
+		kvcache_free(kv);
+		kvplan_free(plan);
+	}
+	free(out);
+	free(again);
+	threadpool_free(tp);
+	inputs_free(&in);
+}
+END_TEST
+
+/* The f32 cache masks the window too (it keeps every row): against the store's f32 format. */
+START_TEST(windowed_f32_cache)
+{
+	Inputs in = windowed_inputs(test_seed() + 1100);
+	size_t qrow = (size_t)RH * RD;
+	KvPlan *plan = NULL;
+	ck_assert_int_eq(kvplan_from_text("f32", RL, RKVH, RD, &plan, NULL), 0);
+	KvCache *a = NULL, *b = NULL;
+	ck_assert_int_eq(kvcache_new_f32(&in.shape, &a), 0);
+	ck_assert_int_eq(kvcache_new_quant(&in.shape, plan, 1, &b, NULL), 0);
+	float *oa = malloc(sizeof(float) * RL * WN * qrow), *ob = malloc(sizeof(float) * RL * WN * qrow);
+	ck_assert(oa && ob);
+	int64_t most;
+	run_windowed(a, &in, NULL, oa, &most);
+	ck_assert_int_eq(kvcache_rewind_floor(a), 0);
+	run_windowed(b, &in, NULL, ob, &most);
+	for (size_t i = 0; i < RL * WN * qrow; i++)
+		ck_assert_msg(fabsf(oa[i] - ob[i]) <= 1e-5f * (1 + fabsf(ob[i])), "output %zu: %g vs %g", i, oa[i],
+			      ob[i]);
+	free(oa);
+	free(ob);
+	kvcache_free(a);
+	kvcache_free(b);
 	kvplan_free(plan);
 	inputs_free(&in);
 }
@@ -1120,7 +1349,11 @@ static Suite *kvstore_suite(void)
 	tcase_add_test(tc, pk_split_and_rewind);
 	tcase_add_test(tc, pk_abandoned_rows);
 	tcase_add_test(tc, attention_only_reads);
-	tcase_add_loop_test(tc, tiles_equal_tokens, 0, (int)ARRAY_SIZE(specs));
+	tcase_add_loop_test(tc, tiles_equal_tokens, 0, 2 * (int)ARRAY_SIZE(specs));
+	tcase_add_loop_test(tc, windowed_equals_dequantized, 0, (int)ARRAY_SIZE(specs));
+	tcase_add_loop_test(tc, windowed_drop_equals_keep_all, 0, (int)ARRAY_SIZE(specs));
+	tcase_add_test(tc, windowed_rewind_floor);
+	tcase_add_test(tc, windowed_f32_cache);
 	tcase_add_test(tc, f32_is_one_cache);
 	suite_add_tcase(s, tc);
 

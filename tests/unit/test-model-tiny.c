@@ -12,7 +12,9 @@
  *   qwen3-f32     qwen3: per-head Q/K RMSNorm, no biases, separate head, GQA
  *   gemma3-f32    gemma3: embeddings x sqrt(dim), Q/K head norms, post-norms,
  *                 GELU-tanh FFN, 6 layers (5 local at RoPE base 10000, 1
- *                 global at 1e6), one kv head of head_dim 32, tied head
+ *                 global at 1e6), one kv head of head_dim 32, tied head;
+ *                 the local layers' window is 5 positions, so their mask
+ *                 cuts in (one wider moves the reference's logits by 6.5)
  *
  * Every logit of 12 positions is compared with an exact float64 numpy
  * forward pass over the stored weights; the prompt is evaluated in one
@@ -249,11 +251,15 @@ START_TEST(tiny_config)
 		ck_assert_int_eq(w->local, tc->arch == MODEL_ARCH_GEMMA3 && il % 6 != 5);
 	}
 	if (tc->arch == MODEL_ARCH_GEMMA3) {
-		ck_assert_int_eq(c->sliding_window, 16);
+		ck_assert_int_eq(c->sliding_window, 5);
 		ck_assert_float_eq(c->rope_base_local, 10000.0f);
 		ck_assert_float_eq(c->rope_base, 1e6f);
-		/* no cache masks a window yet: the context stops at it */
-		ck_assert_int_eq(model_kv_shape(m, 100).capacity, 16);
+		/* the caches mask the window (5 < the 12 tokens of the reference): the context is not capped */
+		KvCacheShape sh = model_kv_shape(m, 100);
+		ck_assert_int_eq(sh.capacity, 100);
+		ck_assert_int_eq(sh.window, 5);
+		for (int il = 0; il < c->n_layers; il++)
+			ck_assert_int_eq(kvcache_layer_window(&sh, il) != 0, m->layers[il].local);
 	}
 	model_free(m);
 }

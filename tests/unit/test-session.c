@@ -40,9 +40,12 @@
 
 /* ---- helpers ---- */
 
+static int window; /* test_windowed_round_trip: layers 0 and 1 see a window of this many positions */
+
 static KvCacheShape shape(void)
 {
-	return (KvCacheShape){ .n_layers = NL, .n_heads = NH, .n_kv_heads = KVH, .head_dim = D, .capacity = CAP };
+	return (KvCacheShape){ .n_layers = NL, .n_heads = NH, .n_kv_heads = KVH, .head_dim = D, .capacity = CAP,
+			       .window = window, .window_period = 3 };
 }
 
 static char tmpdir[64];
@@ -310,12 +313,15 @@ static uint64_t expected_size(const KvPlan *plan, size_t spec_len, int64_t n_kv,
 {
 	uint64_t blocks = (uint64_t)(n_kv + 31) / 32, kv = 16 + spec_len, layers = 0;
 	for (int l = 0; l < NL; l++) {
+		/* a windowed layer of the store holds the blocks from that of n_kv - W + 1 on */
+		uint64_t first = plan && window && l % 3 != 2 && n_kv - window + 1 > 0 ?
+					 (uint64_t)(n_kv - window + 1) / 32 : 0;
 		KvLayerTypes f32 = { .k = { .format = KV_FORMAT_F32, .dim = D }, .v = { .format = KV_FORMAT_F32, .dim = D } };
 		const KvLayerTypes *lt = plan ? &plan->layers[l] : &f32;
 		/* block bytes, then per kv-head, K then V: tag, length, record */
 		kv += 8 + (uint64_t)KVH * (16 + record_size(&lt->k, !plan, n_kv) + record_size(&lt->v, !plan, n_kv));
 		uint64_t block = 32 * (kvtype_vec_bytes(&lt->k) + kvtype_vec_bytes(&lt->v));
-		layers += 20 + 16 + KVH * blocks * block;
+		layers += 20 + 16 + KVH * (blocks - first) * block;
 	}
 	return 64 + (20 + kv) + (20 + 4 * n_tokens) + (20 + 8 + msg_bytes) + layers;
 }
@@ -371,6 +377,58 @@ START_TEST(test_round_trip)
 	session_state_free(s);
 	kvplan_free(plan);
 	close(dir);
+}
+END_TEST
+
+/*
+ * Sliding-window layers (W = 45 in layers 0 and 1) at 150 tokens: the
+ * store's file holds their blocks 3 and 4 only (what a query at 150
+ * sees: 106..), the f32 cache's every block; restored, the same blocks,
+ * records and attention, and saved again the same bytes.
+ */
+START_TEST(test_windowed_round_trip)
+{
+	static const char *const wspecs[] = { NULL, "q8_0", "tq4:tq3", "pk4:tq3,2=q4_0+h:f16" };
+	window = 45;
+	for (size_t c = 0; c < ARRAY_SIZE(wspecs); c++) {
+		const char *spec = wspecs[c];
+		uint64_t rng = test_seed() + 40 + c;
+		KvPlan *plan = NULL;
+		int64_t n = 150;
+		KvCache *kv = cache_filled(spec, &plan, n, &rng);
+		if (spec)
+			ck_assert_ptr_null(kvstore_block(kv, 0, 0, 2));
+		SessionState *s = state_new(kv, (size_t)n, &rng);
+		int dir = dir_open();
+		Error err = { 0 };
+		uint64_t bytes = 0;
+		ck_assert_msg(session_save_at(dir, "w.tkvs", s, FP, spec ? spec : "f32", NULL, &bytes, &err) == 0,
+			      "%s", err.msg);
+		size_t msg_bytes = 0;
+		for (size_t i = 0; i < s->n_messages; i++)
+			msg_bytes += 8 + s->messages[i].len;
+		ck_assert_uint_eq(bytes, expected_size(plan, strlen(spec ? spec : "f32"), n, s->n_tokens, msg_bytes));
+		SessionExpect e = expect_of(plan);
+		SessionState *r = NULL;
+		ck_assert_msg(session_load_at(dir, "w.tkvs", &e, &r, &err) == 0, "%s: %s", spec ? spec : "f32",
+			      err.msg);
+		assert_same_cache(s->kv, r->kv);
+		if (spec)
+			ck_assert_int_eq(kvcache_rewind_floor(r->kv), 3 * 32 + 45 - 1);
+		uint64_t bytes2;
+		ck_assert_int_eq(session_save_at(dir, "w2.tkvs", r, FP, spec ? spec : "f32", NULL, &bytes2, &err), 0);
+		size_t l1, l2;
+		uint8_t *f1 = file_read(dir, "w.tkvs", &l1), *f2 = file_read(dir, "w2.tkvs", &l2);
+		ck_assert_uint_eq(l1, l2);
+		ck_assert(memcmp(f1, f2, l1) == 0);
+		free(f1);
+		free(f2);
+		session_state_free(r);
+		session_state_free(s);
+		kvplan_free(plan);
+		close(dir);
+	}
+	window = 0;
 }
 END_TEST
 
@@ -948,6 +1006,7 @@ static Suite *session_suite(void)
 	tcase_add_test(tc, test_crc32c_random);
 	tcase_add_test(tc, test_fingerprint);
 	tcase_add_loop_test(tc, test_round_trip, 0, ARRAY_SIZE(round_specs));
+	tcase_add_test(tc, test_windowed_round_trip);
 	tcase_add_test(tc, test_rewound_raw);
 	tcase_add_test(tc, test_flip_every_byte);
 	tcase_add_test(tc, test_truncate_every_offset);
