@@ -21,7 +21,9 @@
  *   rng_init(seed ^ (0x6b76706f6c617231 + key * 0x9e3779b97f4a7c15))  ("kvpolar1")
  *   rot_seed = rng_next()
  *
- * == Session record (tag "PQD1", 24 bytes, little-endian) ==
+ * == Session record (tag "PQD1", 4 bytes, little-endian) ==
+ *
+ * The CRC-32C (base/crc32c.h) of the side's 24-byte descriptor
  *
  *   offset size field
  *   0      8    rot_seed
@@ -31,7 +33,9 @@
  *   12     10   bits of levels 1..10 (0 past L)
  *   22     2    0
  *
- * A record of another shape or seed is KVFORMAT_E_OTHER_TYPE. The rows
+ * which the plan and the cache seed give whole (as TQ's, fmt_tq.c): the
+ * checksum says the file was written with the same one; another is
+ * KVFORMAT_E_OTHER_TYPE. The rows
  * themselves come in the container's block sections; every code is a
  * valid cell, so only the radii are checked on load (finite, not
  * negative: KVFORMAT_E_CORRUPT otherwise).
@@ -42,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/crc32c.h"
 #include "base/half.h"
 #include "engine/codec/kvpq.h"
 #include "engine/codec/rotation.h"
@@ -49,7 +54,8 @@
 #include "kernels/cpu/kv_attn.h"
 
 #define PQ_SEED_DOMAIN 0x6b76706f6c617231ull /* "kvpolar1" */
-#define PQ_RECORD_BYTES 24
+#define PQ_DESC_BYTES 24
+#define PQ_RECORD_BYTES 4
 #define PQ_PAPER_LEVELS 4
 
 typedef struct PqSide {
@@ -244,15 +250,21 @@ static size_t pq_record_bytes(const void *st, int64_t n_kv)
 	return PQ_RECORD_BYTES;
 }
 
+/* The CRC-32C of the side's descriptor (the top). */
+static uint32_t desc_crc(const PqSide *s)
+{
+	const KvPqShape *sh = &s->pq.rows.shape;
+	uint8_t desc[PQ_DESC_BYTES] = { 0 };
+	put_le(desc, s->seed, 8);
+	put_le(desc + 8, (uint64_t)sh->dim, 2);
+	desc[10] = (uint8_t)sh->levels;
+	memcpy(desc + 12, sh->bits, KVPQ_MAX_LEVELS);
+	return crc32c(desc, sizeof(desc));
+}
+
 static int pq_record_save(const void *st, const KvSideRows *rows, int64_t n_kv, uint8_t *out)
 {
-	const PqSide *s = st;
-	const KvPqShape *sh = &s->pq.rows.shape;
-	memset(out, 0, PQ_RECORD_BYTES);
-	put_le(out, s->seed, 8);
-	put_le(out + 8, (uint64_t)sh->dim, 2);
-	out[10] = (uint8_t)sh->levels;
-	memcpy(out + 12, sh->bits, KVPQ_MAX_LEVELS);
+	put_le(out, desc_crc(st), 4);
 	return 0;
 }
 
@@ -261,12 +273,10 @@ static int pq_record_load(void *st, const KvSideRows *rows, int64_t n_kv, const 
 {
 	const PqSide *s = st;
 	const KvPqShape *sh = &s->pq.rows.shape;
-	uint8_t want[PQ_RECORD_BYTES];
-	pq_record_save(s, rows, n_kv, want);
-	if (memcmp(in, want, sizeof(want)) != 0)
+	if ((uint32_t)get_le(in, 4) != desc_crc(s))
 		return error_set(err, KVFORMAT_E_OTHER_TYPE,
-				 "saved as PolarQuant with %u levels at head_dim %u, or another seed",
-				 in[10], (unsigned)get_le(in + 8, 2));
+				 "saved with another PolarQuant type or seed (descriptor CRC %08x, this "
+				 "side's %08x)", (unsigned)get_le(in, 4), (unsigned)desc_crc(s));
 	for (int64_t pos = 0; pos < n_kv; pos++) {
 		int64_t b = pos / KV_BLOCK_TOKENS;
 		if (b >= rows->n_blocks || !rows->blocks[b])

@@ -66,13 +66,7 @@ void kvformat_row_values(const void *st, const uint8_t *region, const float *p, 
 void kvformat_exact_scores(const float *x, int d, const float *q, int G, int n, float scale,
 			   float *scores, int ld)
 {
-	for (int g = 0; g < G; g++)
-		for (int p = 0; p < n; p++) {
-			float sum = 0.0f;
-			for (int i = 0; i < d; i++)
-				sum += q[(size_t)g * d + i] * x[(size_t)p * d + i];
-			scores[(size_t)g * ld + p] = sum * scale;
-		}
+	kv_attn_exact_scores_get()(x, d, q, G, n, scale, scores, ld);
 }
 
 void kvrec_put_floats(uint8_t **p, const float *x, size_t n)
@@ -90,6 +84,44 @@ bool kvrec_get_floats(const uint8_t **p, float *x, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		uint32_t bits = kvrec_get_u32(p);
 		memcpy(&x[i], &bits, 4);
+		finite &= isfinite(x[i]) != 0;
+	}
+	return finite;
+}
+
+void kvrec_put_f16(uint8_t **p, const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		put_le(*p, f32_to_half(x[i]), 2);
+		*p += 2;
+	}
+}
+
+bool kvrec_get_f16(const uint8_t **p, float *x, size_t n)
+{
+	bool finite = true;
+	for (size_t i = 0; i < n; i++) {
+		x[i] = half_to_f32((tkv_half)get_le(*p, 2));
+		*p += 2;
+		finite &= isfinite(x[i]) != 0;
+	}
+	return finite;
+}
+
+void kvrec_put_bf16(uint8_t **p, const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		put_le(*p, f32_to_bf16(x[i]), 2);
+		*p += 2;
+	}
+}
+
+bool kvrec_get_bf16(const uint8_t **p, float *x, size_t n)
+{
+	bool finite = true;
+	for (size_t i = 0; i < n; i++) {
+		x[i] = bf16_to_f32((tkv_bf16)get_le(*p, 2));
+		*p += 2;
 		finite &= isfinite(x[i]) != 0;
 	}
 	return finite;

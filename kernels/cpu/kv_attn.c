@@ -314,6 +314,18 @@ void kv_attn_pk_scores_ref(const KvPkRows *keys, const uint8_t *blk, const float
 			scores[(size_t)g * ld + t] = acc[g][t] * scale;
 }
 
+void kv_attn_exact_scores_ref(const float *x, int d, const float *q, int G, int n, float scale,
+			      float *scores, int ld)
+{
+	for (int g = 0; g < G; g++)
+		for (int t = 0; t < n; t++) {
+			float sum = 0.0f;
+			for (int i = 0; i < d; i++)
+				sum += q[(size_t)g * d + i] * x[(size_t)t * d + i];
+			scores[(size_t)g * ld + t] = sum * scale;
+		}
+}
+
 void kv_attn_pk_planes(const float *c, int b, uint8_t *planes)
 {
 	assert(b >= 1 && b <= KVPK_PLANE_BITS);
@@ -370,6 +382,11 @@ KvAttnPkScoresFn kv_attn_pk_scores_get(void)
 	if (kv_attn_have_avx512())
 		return kv_attn_pk_scores_avx512;
 	return kv_attn_have_avx2() ? kv_attn_pk_scores_avx2 : kv_attn_pk_scores_ref;
+}
+
+KvAttnExactScoresFn kv_attn_exact_scores_get(void)
+{
+	return kv_attn_have_avx2() ? kv_attn_exact_scores_avx2 : kv_attn_exact_scores_ref;
 }
 
 KvAttnValuesFn kv_attn_values_get(void)

@@ -203,6 +203,22 @@ void kv_attn_pk_scores_avx512vbmi(const KvPkRows *keys, const uint8_t *blk, cons
 KvAttnPkScoresFn kv_attn_pk_scores_get(void);
 
 /*
+ * Exact f32 keys (a centered format's block 0, pk's own block):
+ * scores[g * ld + t] = scale * <q_g, x_t> for the G query heads q (G, d)
+ * and rows x (n, d), n <= 32. The reference sums in coordinate order;
+ * the AVX2 twin in 8 lanes with fused multiply-adds, so the two differ
+ * by float rounding: at most 2 gamma_{d+1} scale sum_i |q_gi x_ti|,
+ * gamma_k = k u / (1 - k u), u = 2^-24 (test-kvattn checks that bound).
+ */
+typedef void (*KvAttnExactScoresFn)(const float *x, int d, const float *q, int G, int n, float scale,
+				    float *scores, int ld);
+void kv_attn_exact_scores_ref(const float *x, int d, const float *q, int G, int n, float scale,
+			      float *scores, int ld);
+void kv_attn_exact_scores_avx2(const float *x, int d, const float *q, int G, int n, float scale,
+			       float *scores, int ld);
+KvAttnExactScoresFn kv_attn_exact_scores_get(void);
+
+/*
  * One step of the online softmax over a block of scores s (G, ld), n
  * per head: with the running max m[g] and sum l[g],
  *   m' = max(m[g], max_j s_gj), s_gj <- exp(s_gj - m'),

@@ -525,6 +525,54 @@ KV_TARGET void kv_attn_values_avx2(const KvAttnRows *vals, const float *p, int l
 	}
 }
 
+/* ---- exact f32 keys ---- */
+
+/* Scores of G <= KV_HEADS heads against the n rows x: each row chunk loaded once for all heads. */
+KV_INLINE void exact_heads(const float *x, int d, const float *q, const int G, int n, float scale,
+			   float *scores, int ld)
+{
+	for (int t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * d;
+		__m256 a[KV_HEADS];
+		float tail[KV_HEADS] = { 0 };
+#pragma GCC unroll 4
+		for (int g = 0; g < G; g++)
+			a[g] = _mm256_setzero_ps();
+		int i = 0;
+		for (; i + 8 <= d; i += 8) {
+			__m256 xv = _mm256_loadu_ps(xt + i);
+#pragma GCC unroll 4
+			for (int g = 0; g < G; g++)
+				a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)g * d + i), xv, a[g]);
+		}
+		for (; i < d; i++)
+			for (int g = 0; g < G; g++)
+				tail[g] += q[(size_t)g * d + i] * xt[i];
+#pragma GCC unroll 4
+		for (int g = 0; g < G; g++) {
+			float v[8];
+			_mm256_storeu_ps(v, a[g]);
+			float sum = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])) + tail[g];
+			scores[(size_t)g * ld + t] = sum * scale;
+		}
+	}
+}
+
+KV_TARGET void kv_attn_exact_scores_avx2(const float *x, int d, const float *q, int G, int n, float scale,
+					 float *scores, int ld)
+{
+	for (int g0 = 0; g0 < G; g0 += KV_HEADS) {
+		const float *qg = q + (size_t)g0 * d;
+		float *sg = scores + (size_t)g0 * ld;
+		switch (G - g0 < KV_HEADS ? G - g0 : KV_HEADS) {
+		case 1: exact_heads(x, d, qg, 1, n, scale, sg, ld); break;
+		case 2: exact_heads(x, d, qg, 2, n, scale, sg, ld); break;
+		case 3: exact_heads(x, d, qg, 3, n, scale, sg, ld); break;
+		default: exact_heads(x, d, qg, 4, n, scale, sg, ld); break;
+		}
+	}
+}
+
 /* ---- softmax ---- */
 
 /*

@@ -600,6 +600,53 @@ static double time_lut_gather(const Case *c, int G)
 }
 #endif
 
+/*
+ * The exact-key score kernels against the reference, within the rounding
+ * bound kv_attn.h states: each of the two sums of d products is within
+ * gamma_d sum |q_i x_i| of the exact one (any order, with or without
+ * fused multiply-adds), and the scale adds one rounding: 2 gamma_{d+1}.
+ * Dims with and without a tail of 8, 1..9 heads, partial blocks.
+ */
+START_TEST(exact_kernels_match_reference)
+{
+	enum { BT = KV_BLOCK_TOKENS };
+	uint64_t st = test_seed() + 300;
+	static const int dims[] = { 64, 128, 80, 20 }, groups[] = { 1, 2, 3, 4, 5, 9 }, lens[] = { 32, 7 };
+	const double u = 1.0 / 16777216.0;
+	if (!kv_attn_have_avx2())
+		return;
+	for (size_t i = 0; i < ARRAY_SIZE(dims); i++) {
+		int d = dims[i];
+		float *x = malloc(sizeof(float) * BT * d), *q = malloc(sizeof(float) * 9 * d);
+		ck_assert(x && q);
+		for (int j = 0; j < BT * d; j++)
+			x[j] = test_rand_normal(&st) * (1.0f + (float)(j % 5));
+		for (int j = 0; j < 9 * d; j++)
+			q[j] = test_rand_normal(&st);
+		double gamma = (d + 1) * u / (1 - (d + 1) * u);
+		for (size_t g = 0; g < ARRAY_SIZE(groups); g++)
+			for (size_t l = 0; l < ARRAY_SIZE(lens); l++) {
+				int G = groups[g], n = lens[l];
+				float want[9 * BT], got[9 * BT];
+				kv_attn_exact_scores_ref(x, d, q, G, n, 0.125f, want, BT);
+				kv_attn_exact_scores_avx2(x, d, q, G, n, 0.125f, got, BT);
+				for (int h = 0; h < G; h++)
+					for (int t = 0; t < n; t++) {
+						double mag = 0;
+						for (int k = 0; k < d; k++)
+							mag += fabs((double)q[h * d + k] * x[t * d + k]);
+						double bound = 2 * gamma * 0.125 * mag;
+						ck_assert_msg(fabs((double)got[h * BT + t] - want[h * BT + t]) <= bound,
+							      "exact scores d %d, %d heads, row %d: %g vs %g (bound %g)", d, G,
+							      t, got[h * BT + t], want[h * BT + t], bound);
+					}
+			}
+		free(x);
+		free(q);
+	}
+}
+END_TEST
+
 /* ns per key of a pk score kernel: pk<bits> keys, d = 64, G = 3, one block hot in L1, best of 7. */
 static double time_pk(KvAttnPkScoresFn fn, double bits, uint64_t *st)
 {
@@ -697,6 +744,7 @@ static Suite *kvattn_suite(void)
 	tcase_add_test(tc, plain_kernels_match_reference);
 	tcase_add_test(tc, pk_kernels_match_reference);
 	tcase_add_test(tc, pq_kernels_match_reference);
+	tcase_add_test(tc, exact_kernels_match_reference);
 	tcase_add_test(tc, tq_value_helpers);
 	tcase_add_test(tc, int8_bound_is_tight);
 	tcase_add_loop_test(tc, softmax_matches_reference, 0, 2);
