@@ -9,6 +9,7 @@
 #include "base/bitpack.h"
 #include "base/half.h"
 #include "base/util.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/kv_attn.h"
 #include "kernels/tq_layout.h"
 
@@ -94,12 +95,21 @@ void kv_attn_pq_values_ref(const KvPqRows *vals, const float *p, int ld, int G, 
 	}
 }
 
+/* The AVX2 twins where linked (x86) and allowed; no NEON twins yet. */
 KvAttnPqScoresFn kv_attn_pq_scores_get(void)
 {
-	return kv_attn_have_avx2() ? kv_attn_pq_scores_avx2 : kv_attn_pq_scores_ref;
+#if defined(CPU_KERNELS_X86)
+	if (kv_attn_have_avx2())
+		return kv_attn_pq_scores_avx2;
+#endif
+	return kv_attn_pq_scores_ref;
 }
 
 KvAttnPqValuesFn kv_attn_pq_values_get(void)
 {
-	return kv_attn_have_avx2() ? kv_attn_pq_values_avx2 : kv_attn_pq_values_ref;
+#if defined(CPU_KERNELS_X86)
+	if (kv_attn_have_avx2())
+		return kv_attn_pq_values_avx2;
+#endif
+	return kv_attn_pq_values_ref;
 }
