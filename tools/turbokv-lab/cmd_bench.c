@@ -263,7 +263,7 @@ int cmd_bench(int argc, char **argv)
 			if ((o.reps = lab_parse_long("--repetitions", optarg, 1, 64)) < 0)
 				return LAB_EXIT_USAGE;
 			break;
-		case OPT_KV: o.kv = optarg; break;
+		case OPT_KV: o.kv = lab_spec_resolve(optarg); break;
 		case 'd':
 			if (parse_depths(&o, optarg) < 0)
 				return LAB_EXIT_USAGE;
