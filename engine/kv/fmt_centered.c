@@ -1,6 +1,6 @@
 /*
  * fmt_centered.c: "+c", centered keys on any key format that does not
- * center by itself (kvformat.h): kvcenter.h keeps block 0 exact and mu;
+ * center by itself (kvformat.h): kvcenter.h keeps block 0 (binary16) and mu;
  * the inner format (plain or TurboQuant) stores k - mu for the positions
  * after block 0 (zero vectors in block 0's rows, never read), and scores
  * go back to the frame of the exact keys by <q, mu>.
@@ -8,10 +8,12 @@
  * The inner format chooses what it chooses from raw keys (fix(): TQ's
  * outlier masks see the keys as they come, as they would without +c).
  *
- * == Session record (tag "CTR1") ==
+ * == Session record (tag "CTR2"; "CTR1", of session files before version 6, held mu and block 0 in f32) ==
  *
- *   kvcenter.h's record (8 + 132 d bytes), then the inner format's record
- *   (its own tag is implied by the plan; its length by its record_bytes).
+ *   kvcenter.h's record (2 d min(n_kv, 32) bytes), then the inner
+ *   format's record (its own tag is implied by the plan; its length by
+ *   its record_bytes). In the LAYER sections block 0's inner rows (zero
+ *   vectors as the inner format codes them) are stored as any rows.
  */
 #include <errno.h>
 #include <math.h>
@@ -65,7 +67,7 @@ static int centered_supports(const KvType *t, KvRole role, const KvCacheShape *s
 {
 	if (role == KV_ROLE_V)
 		return error_set(err, KVFORMAT_E_UNSUPPORTED, "+c on values (keys only)");
-	if (dev == KV_DEVICE_CUDA) /* no kernels yet for the exact block 0 and mu */
+	if (dev == KV_DEVICE_CUDA) /* no kernels yet for the kept block 0 and mu */
 		return error_set(err, KVFORMAT_E_UNSUPPORTED,
 				 "centered keys (+c) run on the CPU only for now; drop the +c for the GPU");
 	KvType in = inner_type(t);
@@ -189,13 +191,13 @@ static void centered_load_row(const void *st, const KvSideRows *rows, int64_t po
 static size_t centered_record_bytes(const void *st, int64_t n_kv)
 {
 	const CenteredSide *s = st;
-	return kvcenter_record_bytes(s->center.dim) + s->inner->record_bytes(s->inner_st, n_kv);
+	return kvcenter_record_bytes(s->center.dim, n_kv) + s->inner->record_bytes(s->inner_st, n_kv);
 }
 
 static int centered_record_save(const void *st, const KvSideRows *rows, int64_t n_kv, uint8_t *out)
 {
 	const CenteredSide *s = st;
-	kvcenter_record_save(&s->center, &out);
+	kvcenter_record_save(&s->center, n_kv, &out);
 	return s->inner->record_save(s->inner_st, rows, n_kv, out);
 }
 
@@ -209,7 +211,7 @@ static int centered_record_load(void *st, const KvSideRows *rows, int64_t n_kv, 
 
 const KvFormatOps kvfmt_centered = {
 	.name = "centered",
-	.tag = KVREC_TAG('C', 'T', 'R', '1'),
+	.tag = KVREC_TAG('C', 'T', 'R', '2'),
 	.parse = centered_parse,
 	.type_name = centered_type_name,
 	.type_equal = centered_type_equal,

@@ -2,41 +2,51 @@
  * fmt_pk.c: pair-coded keys, the `pk<B>` key format (kvformat.h): each
  * block of 32 keys past block 0 coded by kvpk.h with a scale and a bit
  * width per RoPE pair, spent where the queries' energy is. Always
- * centered (kvcenter.h: block 0 exact, later keys stored minus mu).
+ * centered (kvcenter.h: block 0 as binary16, later keys stored minus mu).
  *
  * == What a side keeps ==
  *
  *   - w, the query energy per pair: the sum over positions 1..31 of the
- *     energies of the group's query heads in that pair, recorded by
- *     observe() (queries arrive before their keys) and fixed when
- *     position 31 is observed. Keys appended without their queries (a
- *     random fill) fix equal weights when position 31 is appended.
- *   - The stage: exact keys waiting for their block to be whole. A block
+ *     energies of the group's query heads in that pair (each energy
+ *     bfloat16-rounded), recorded by observe() (queries arrive before
+ *     their keys) and chosen when position 31 is observed (again after
+ *     a rewind below it, as kvcenter.h's mu). Keys appended without
+ *     their queries (a random fill) choose equal weights when position
+ *     31 is appended.
+ *   - The stage: keys waiting for their block to be whole, kept
+ *     binary16-rounded (kvformat_round_f16(), as block 0). A block
  *     is coded by the append that completes it; the stage keeps the rows
  *     of the last coded block and of the partial one after it, and a
  *     batch's rows until the next append (its queries read their own
- *     block exact, so scores do not depend on how a prompt was split).
+ *     block as staged, so scores do not depend on how a prompt was split).
  *     Rows of older blocks are let go at the next append.
  *   - A rewind (an append below the rows appended) into the last coded
- *     block finds its rows still exact; one into an earlier block puts
+ *     block finds its rows still staged; one into an earlier block puts
  *     that block's rows before pos0 back into the stage as the codes read
  *     (coded again once the block is whole).
  *
- * == Session record (tag "PKY1"), for a file of n_kv tokens ==
+ * == Session record (tag "PKY2"), for a file of n_kv tokens ==
  *
- *   kvcenter.h's record (8 + 132 d bytes), then
- *   4      1 if w is chosen, else 0 (1 whenever n_kv >= 32)
- *   4      0
- *   2 d    w, d / 2 f32 (all zero while not chosen)
- *   64 d   only when n_kv < 32: the query energies of positions 0..31,
- *          32 x d / 2 f32
- *   4 d r  the exact keys of positions from = max(32, 32 (n_kv / 32 - 1))
- *          to n_kv - 1 (r = n_kv - from rows, none below 33 tokens: the
- *          last coded block and the partial one), f32
- *   all finite, the energies and weights not negative. In the LAYER
- *   sections the key region of a partial block is zeros (its keys are
- *   here), and blocks 1 .. n_kv / 32 - 1 must pass kvpk_block_coded().
+ * ("PKY1", of session files before version 6, held f32 keys and energies.)
+ *
+ *   size         field
+ *   2 d m        kvcenter.h's record: the keys of positions 0 .. m - 1,
+ *                m = min(n_kv, 32), binary16
+ *   4            how w was chosen: 0 not yet (n_kv < 32), 1 from the
+ *                energies below, 2 equal weights (keys came without
+ *                queries); 0 exactly when n_kv < 32
+ *   d (m - 1)    the query energies of positions 1 .. m - 1, d / 2
+ *                bfloat16 each (position 0's are never used)
+ *   2 d r        the keys of positions from = max(32, 32 (n_kv / 32 - 1))
+ *                to n_kv - 1 (r = n_kv - from rows, none below 33 tokens:
+ *                the last coded block and the partial one), binary16
+ *   all finite, the energies not negative. w is rebuilt on load (the sum
+ *   observe() takes, or ones), mu from block 0 (kvcenter.h). In the LAYER
+ *   sections block 0's key region and a partial block's take no bytes
+ *   (their keys are here; the region is zeros), and blocks 1 .. n_kv / 32
+ *   - 1 must pass kvpk_block_coded().
  */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +60,10 @@
 
 #define BT KV_BLOCK_TOKENS
 
+/* The record's field sizes (above): binary16 keys, bfloat16 energies, a u32 word. */
+static_assert(sizeof(tkv_half) == 2 && sizeof(tkv_bf16) == 2, "2-byte keys and energies");
+static_assert(BT == 32, "block 0 is positions 0..31");
+
 typedef struct PkSide {
 	KvCenter center;
 	KvPk pk;
@@ -58,7 +72,9 @@ typedef struct PkSide {
 	float *qe;                    /* (BT, d/2) query energy per pair at positions 0..31 */
 	float *w;                     /* (d/2) the weights, once w_chosen */
 	bool w_chosen;
-	float *stage;                 /* (stage_cap, d) exact keys of positions stage_pos.. */
+	int w_source;                 /* how: 1 from qe, 2 equal weights (the record's word) */
+	bool w_observed;              /* observe() chose w for the append that comes next */
+	float *stage;                 /* (stage_cap, d) keys (binary16-rounded) of positions stage_pos.. */
 	int64_t stage_cap, stage_pos; /* stage_pos: a block start >= BT */
 	int64_t stage_n;              /* rows held from stage_pos */
 	int64_t pk_blocks;            /* blocks 1 .. pk_blocks - 1 are coded */
@@ -196,11 +212,40 @@ static void coded_row(const PkSide *s, const KvSideRows *rows, int64_t b, int t,
 		y[i] += s->center.mu[i];
 }
 
+/* w from the energies of positions 1..31. */
+static void weights_from_energies(PkSide *s)
+{
+	int P = dim_of(s) / 2;
+	for (int i = 0; i < P; i++) {
+		float sum = 0.0f;
+		for (int p = 1; p < BT; p++)
+			sum += s->qe[(size_t)p * P + i];
+		s->w[i] = isfinite(sum) ? sum : 1.0f;
+	}
+	s->w_chosen = true;
+	s->w_source = 1;
+}
+
+static void equal_weights(PkSide *s)
+{
+	for (int i = 0; i < dim_of(s) / 2; i++)
+		s->w[i] = 1.0f;
+	s->w_chosen = true;
+	s->w_source = 2;
+}
+
+/* Row x (d,) into the stage row at, binary16-rounded. */
+static void stage_copy(const PkSide *s, float *at, const float *x)
+{
+	for (int i = 0; i < dim_of(s); i++)
+		at[i] = kvformat_round_f16(x[i]);
+}
+
 static void pk_observe(void *st, int64_t pos0, int64_t n, const float *q, size_t stride)
 {
 	PkSide *s = st;
 	int d = dim_of(s), P = d / 2, G = s->group;
-	if (s->w_chosen)
+	if (pos0 >= BT)
 		return;
 	for (int64_t t = 0; t < n && pos0 + t < BT; t++) {
 		float *e = s->qe + (size_t)(pos0 + t) * P;
@@ -210,17 +255,12 @@ static void pk_observe(void *st, int64_t pos0, int64_t n, const float *q, size_t
 			for (int g = 0; g < G; g++)
 				sum += qt[g * d + 2 * i] * qt[g * d + 2 * i] +
 				       qt[g * d + 2 * i + 1] * qt[g * d + 2 * i + 1];
-			e[i] = sum;
+			e[i] = kvformat_round_bf16(sum);
 		}
 	}
 	if (pos0 + n >= BT) {
-		for (int i = 0; i < P; i++) {
-			float sum = 0.0f;
-			for (int p = 1; p < BT; p++)
-				sum += s->qe[(size_t)p * P + i];
-			s->w[i] = isfinite(sum) ? sum : 1.0f;
-		}
-		s->w_chosen = true;
+		weights_from_energies(s);
+		s->w_observed = true;
 	}
 }
 
@@ -263,8 +303,11 @@ static int stage_put(PkSide *s, const KvSideRows *rows, int64_t pos0, int64_t n,
 			/* the block is coded: its first pos0 - b*BT rows come back from the codes */
 			if (stage_reserve(s, BT) < 0)
 				return -ENOMEM;
-			for (int t = 0; t < pos0 - b * BT; t++)
-				coded_row(s, rows, b, t, s->stage + (size_t)t * d);
+			for (int t = 0; t < pos0 - b * BT; t++) {
+				float *y = s->stage + (size_t)t * d;
+				coded_row(s, rows, b, t, y);
+				stage_copy(s, y, y);
+			}
 			s->stage_pos = b * BT;
 		} else if (b * BT < s->stage_pos) {
 			s->stage_pos = b * BT; /* nothing before pos0 to keep */
@@ -275,7 +318,7 @@ static int stage_put(PkSide *s, const KvSideRows *rows, int64_t pos0, int64_t n,
 		return -ENOMEM;
 	for (int64_t t = 0; t < n; t++)
 		if (pos0 + t >= s->stage_pos)
-			memcpy(stage_row(s, pos0 + t), x + (size_t)t * stride, (size_t)d * sizeof(float));
+			stage_copy(s, stage_row(s, pos0 + t), x + (size_t)t * stride);
 	s->stage_n = MAX(0, end - s->stage_pos);
 	return 0;
 }
@@ -289,12 +332,9 @@ static int pk_append(void *st, const KvSideRows *rows, int64_t pos0, int64_t n, 
 	if ((r = kvcenter_keep(&s->center, pos0, n, x, stride)) ||
 	    (r = stage_put(s, rows, pos0, n, x, stride)))
 		return r;
-	if (!s->w_chosen && pos0 + n >= BT) {
-		/* position 31's key came without its query: equal weights */
-		for (int i = 0; i < dim_of(s) / 2; i++)
-			s->w[i] = 1.0f;
-		s->w_chosen = true;
-	}
+	if (pos0 < BT && pos0 + n >= BT && !s->w_observed)
+		equal_weights(s); /* position 31's key came without its query */
+	s->w_observed = false;
 	for (int64_t b = s->pk_blocks; (b + 1) * BT <= pos0 + n; b++) {
 		kvpk_encode_block(&s->pk, stage_row(s, b * BT), BT, s->center.mu, s->w,
 				  kv_side_region(rows, b));
@@ -318,7 +358,7 @@ static void pk_query(const void *st, const float *q, int G, void *prep)
 }
 
 /*
- * Block 0 and the query's own block from exact keys, blocks between from
+ * Block 0 and the query's own block from the kept (binary16) keys, blocks between from
  * the codes of k - mu plus <q, mu> (kvcenter_scores()).
  */
 static void pk_scores(const void *st, const KvSideRows *rows, const float *q, const void *prep,
@@ -334,7 +374,7 @@ static void pk_scores(const void *st, const KvSideRows *rows, const float *q, co
 	kvcenter_scores(&s->center, q, G, b, n, scale, prep, scores, ld);
 }
 
-/* The key of pos as a query of a later block reads it: exact in block 0, else from its codes. */
+/* The key of pos as a query of a later block reads it: as kept in block 0, else from its codes. */
 static void pk_load_row(const void *st, const KvSideRows *rows, int64_t pos, float *ret)
 {
 	const PkSide *s = st;
@@ -349,19 +389,25 @@ static void pk_load_row(const void *st, const KvSideRows *rows, int64_t pos, flo
 
 /* ---- session record ---- */
 
-/* The first position of the record's exact keys for n_kv tokens. */
+/* The first position of the record's tail keys for n_kv tokens. */
 static int64_t tail_from(int64_t n_kv)
 {
 	int64_t whole = MAX(1, n_kv / BT);
 	return MAX((int64_t)BT, (whole - 1) * BT);
 }
 
+/* Positions 1 .. m - 1 whose energies the record holds. */
+static int64_t energy_rows(int64_t n_kv)
+{
+	return MAX(0, MIN(n_kv, (int64_t)BT) - 1);
+}
+
 static size_t pk_record_bytes(const void *st, int64_t n_kv)
 {
 	const PkSide *s = st;
 	size_t d = (size_t)dim_of(s);
-	size_t floats = d / 2 + (n_kv < BT ? BT * d / 2 : 0) + (size_t)MAX(0, n_kv - tail_from(n_kv)) * d;
-	return kvcenter_record_bytes((int)d) + 8 + 4 * floats;
+	return kvcenter_record_bytes((int)d, n_kv) + 4 + (size_t)energy_rows(n_kv) * d +
+	       (size_t)MAX(0, n_kv - tail_from(n_kv)) * 2 * d;
 }
 
 static int pk_record_save(const void *st, const KvSideRows *rows, int64_t n_kv, uint8_t *out)
@@ -369,24 +415,23 @@ static int pk_record_save(const void *st, const KvSideRows *rows, int64_t n_kv, 
 	const PkSide *s = st;
 	int d = dim_of(s);
 	float y[KVPK_MAX_DIM];
-	kvcenter_record_save(&s->center, &out);
-	kvrec_put_u32(&out, s->w_chosen);
-	kvrec_put_u32(&out, 0);
-	kvrec_put_floats(&out, s->w, (size_t)d / 2);
-	if (n_kv < BT)
-		kvrec_put_floats(&out, s->qe, (size_t)BT * d / 2);
+	kvcenter_record_save(&s->center, n_kv, &out);
+	kvrec_put_u32(&out, n_kv >= BT ? (uint32_t)s->w_source : 0);
+	kvrec_put_bf16(&out, s->qe + d / 2, (size_t)energy_rows(n_kv) * d / 2);
 	int64_t keep = stage_keep_from(s);
 	for (int64_t p = tail_from(n_kv); p < n_kv; p++) {
 		/*
 		 * Rows appended past n_kv and coded (an evaluation that was then
 		 * abandoned) may have let these rows go: they read back from the
-		 * codes, as the next append would.
+		 * codes, as the next append would (rounded as it rounds them).
 		 */
 		if (p >= keep && p < s->stage_pos + s->stage_n)
 			memcpy(y, stage_row(s, p), (size_t)d * sizeof(float));
-		else
+		else {
 			coded_row(s, rows, p / BT, (int)(p % BT), y);
-		kvrec_put_floats(&out, y, (size_t)d);
+			stage_copy(s, y, y);
+		}
+		kvrec_put_f16(&out, y, (size_t)d);
 	}
 	return 0;
 }
@@ -405,52 +450,50 @@ static int pk_record_load(void *st, const KvSideRows *rows, int64_t n_kv, const 
 	PkSide *s = st;
 	int d = dim_of(s), P = d / 2;
 	int64_t whole = MAX(1, n_kv / BT), from = tail_from(n_kv), n_tail = MAX(0, n_kv - from);
+	size_t n_energy = (size_t)energy_rows(n_kv) * P;
 	int r = kvcenter_record_load(&s->center, n_kv, &in, err);
 	if (r)
 		return r;
-	uint32_t chosen = kvrec_get_u32(&in), reserved = kvrec_get_u32(&in);
-	if (chosen > 1 || reserved || (!chosen && n_kv >= BT))
-		return error_set(err, KVFORMAT_E_CORRUPT, "pk state %u with %lld tokens", chosen,
-				 (long long)n_kv);
+	uint32_t source = kvrec_get_u32(&in);
+	if (source > 2 || (source == 0) != (n_kv < BT))
+		return error_set(err, KVFORMAT_E_CORRUPT, "pk weights chosen by %u with %lld tokens",
+				 source, (long long)n_kv);
 	if (stage_reserve(s, n_tail) < 0)
 		return -ENOMEM;
-	if (!kvrec_get_floats(&in, s->w, (size_t)P) || !none_negative(s->w, (size_t)P) ||
-	    (n_kv < BT && (!kvrec_get_floats(&in, s->qe, (size_t)BT * P) ||
-			   !none_negative(s->qe, (size_t)BT * P))) ||
-	    !kvrec_get_floats(&in, s->stage, (size_t)n_tail * d))
-		return error_set(err, KVFORMAT_E_CORRUPT, "pk keys: a weight, energy or key not finite, "
-				 "or negative");
-	for (int i = 0; !chosen && i < P; i++)
-		if (s->w[i] != 0)
-			return error_set(err, KVFORMAT_E_CORRUPT, "pk weights while not chosen");
+	memset(s->qe, 0, (size_t)BT * P * sizeof(float));
+	if (!kvrec_get_bf16(&in, s->qe + P, n_energy) || !none_negative(s->qe + P, n_energy) ||
+	    !kvrec_get_f16(&in, s->stage, (size_t)n_tail * d))
+		return error_set(err, KVFORMAT_E_CORRUPT, "pk keys: an energy or key not finite, "
+				 "or an energy negative");
 	for (int64_t b = MAX(1, rows->first); b < whole; b++)
 		if (b >= rows->n_blocks || !rows->blocks[b] ||
 		    !kvpk_block_coded(&s->pk, kv_side_region(rows, b)))
 			return error_set(err, KVFORMAT_E_CORRUPT, "pk block %lld is not a coded block",
 					 (long long)b);
-	if (n_kv >= BT)
-		memset(s->qe, 0, (size_t)BT * P * sizeof(float));
-	s->w_chosen = chosen;
+	memset(s->w, 0, (size_t)P * sizeof(float));
+	s->w_chosen = false;
+	s->w_source = 0;
+	s->w_observed = false;
+	if (source == 1)
+		weights_from_energies(s);
+	else if (source == 2)
+		equal_weights(s);
 	s->pk_blocks = whole;
 	s->stage_pos = from;
 	s->stage_n = n_tail;
 	return 0;
 }
 
-/* A partial block's keys are in the record: its key region is saved as zeros. */
-static void pk_region_save(const void *st, const uint8_t *region, int64_t b, int n, uint8_t *out)
+/* Block 0's and a partial block's keys are in the records: those regions take no bytes. */
+static size_t pk_region_file_bytes(const void *st, int64_t b, int n)
 {
 	const PkSide *s = st;
-	size_t bytes = (size_t)BT * s->pk.row_bytes;
-	if (n < BT)
-		memset(out, 0, bytes);
-	else
-		memcpy(out, region, bytes);
+	return b == 0 || n < BT ? 0 : (size_t)BT * s->pk.row_bytes;
 }
 
 const KvFormatOps kvfmt_pk = {
 	.name = "pk",
-	.tag = KVREC_TAG('P', 'K', 'Y', '1'),
+	.tag = KVREC_TAG('P', 'K', 'Y', '2'),
 	.centers = true,
 	.parse = pk_parse,
 	.type_name = pk_type_name,
@@ -469,5 +512,5 @@ const KvFormatOps kvfmt_pk = {
 	.record_bytes = pk_record_bytes,
 	.record_save = pk_record_save,
 	.record_load = pk_record_load,
-	.region_save = pk_region_save,
+	.region_file_bytes = pk_region_file_bytes,
 };

@@ -17,13 +17,23 @@
  * the first append (the prompt's first batch; fix()) and kept from then
  * on, rewinds included; the codec is built then.
  *
- * == Session record (tag "TQD1", 176 bytes) ==
+ * == Session record (tag "TQD2") ==
  *
- * The side's complete descriptor as tq.h's TqDesc record (seeds and mask
- * included, CRC-32C'd). On load it must equal this side's descriptor (an
- * outlier side not appended to yet takes the record's mask, provided
- * everything else is as planned): another descriptor is
- * KVFORMAT_E_OTHER_TYPE, a record that does not decode KVFORMAT_E_CORRUPT.
+ * ("TQD1", of session files before version 6, was the 176-byte
+ * descriptor for every type.)
+ *
+ * Outlier-channel types, 176 bytes: the side's complete descriptor as
+ * tq.h's TqDesc record (seeds and mask included, CRC-32C'd). On load it
+ * must equal this side's descriptor (an outlier side not appended to yet
+ * takes the record's mask, provided everything else is as planned):
+ * another descriptor is KVFORMAT_E_OTHER_TYPE, a record that does not
+ * decode KVFORMAT_E_CORRUPT.
+ *
+ * Every other type, 4 bytes: that record's own CRC-32C (its last 4
+ * bytes: the checksum of its first 172, seeds and flags included). The
+ * plan and the cache seed give the whole descriptor; the checksum says
+ * the file was written with the same one (another is
+ * KVFORMAT_E_OTHER_TYPE).
  */
 #include <assert.h>
 #include <errno.h>
@@ -261,17 +271,42 @@ static void tq_load_row(const void *st, const KvSideRows *rows, int64_t pos, flo
 
 /* ---- session record ---- */
 
+static bool keeps_mask(const TqSide *s)
+{
+	return s->type.tq.group == TQ_GROUP_OUTLIER_CHANNELS;
+}
+
 static size_t tq_record_bytes(const void *st, int64_t n_kv)
 {
-	return TQ_DESC_RECORD_BYTES;
+	return keeps_mask(st) ? TQ_DESC_RECORD_BYTES : 4;
+}
+
+/*
+ * The descriptor's record's own checksum (its last field, the CRC-32C of
+ * the 172 bytes before it; the CRC of the whole record would be the same
+ * constant for every record). 0 or -EINVAL.
+ */
+static int desc_crc(const TqDesc *desc, uint32_t *ret)
+{
+	uint8_t rec[TQ_DESC_RECORD_BYTES];
+	if (tq_desc_encode(desc, rec))
+		return -EINVAL;
+	*ret = (uint32_t)get_le(rec + offsetof(TqDescRecord, crc), 4);
+	return 0;
 }
 
 static int tq_record_save(const void *st, const KvSideRows *rows, int64_t n_kv, uint8_t *out)
 {
 	const TqSide *s = st;
+	uint32_t crc;
 	if (!s->codec) /* an outlier side nothing was appended to */
 		return -EINVAL;
-	return tq_desc_encode(tq_codec_desc(s->codec), out) ? -EINVAL : 0;
+	if (keeps_mask(s))
+		return tq_desc_encode(tq_codec_desc(s->codec), out) ? -EINVAL : 0;
+	if (desc_crc(tq_codec_desc(s->codec), &crc))
+		return -EINVAL;
+	kvrec_put_u32(&out, crc);
+	return 0;
 }
 
 static int tq_record_load(void *st, const KvSideRows *rows, int64_t n_kv, const uint8_t *in,
@@ -280,6 +315,15 @@ static int tq_record_load(void *st, const KvSideRows *rows, int64_t n_kv, const 
 	TqSide *s = st;
 	TqDesc desc;
 	Error e = { 0 };
+	if (!keeps_mask(s)) {
+		uint32_t crc;
+		if (!s->codec || desc_crc(tq_codec_desc(s->codec), &crc))
+			return error_set(err, KVFORMAT_E_CORRUPT, "a TQ side without its codec");
+		if (kvrec_get_u32(&in) != crc)
+			return error_set(err, KVFORMAT_E_OTHER_TYPE,
+					 "saved with another TurboQuant descriptor (seeds or codebook)");
+		return 0;
+	}
 	if (tq_desc_decode(in, TQ_DESC_RECORD_BYTES, &desc, &e) != 0)
 		return error_set(err, KVFORMAT_E_CORRUPT, "%s", e.msg);
 	if (s->codec)
@@ -302,7 +346,7 @@ static int tq_record_load(void *st, const KvSideRows *rows, int64_t n_kv, const 
 
 const KvFormatOps kvfmt_tq = {
 	.name = "tq",
-	.tag = KVREC_TAG('T', 'Q', 'D', '1'),
+	.tag = KVREC_TAG('T', 'Q', 'D', '2'),
 	.parse = tq_parse,
 	.type_name = tq_type_name,
 	.type_equal = tq_type_equal,

@@ -179,6 +179,50 @@ static int f32_block_load(KvCache *kv, int layer, int head, int64_t index, int64
 	return 0;
 }
 
+static int f32_rows_below(int64_t index, int64_t n_kv)
+{
+	return (int)MAX(0, MIN((int64_t)BT, n_kv - index * BT));
+}
+
+/* In a file: the n rows below n_kv of K, then those of V (n x head_dim f32 each). */
+static size_t f32_block_file_bytes(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv)
+{
+	return (size_t)f32_rows_below(index, n_kv) * 2 * (size_t)kv->shape.head_dim * sizeof(float);
+}
+
+static void f32_block_pack(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			   uint8_t *out)
+{
+	const KvCacheF32 *c = (const KvCacheF32 *)kv;
+	const KvCacheShape *s = &kv->shape;
+	size_t d = (size_t)s->head_dim, row = f32_row(s);
+	int n = f32_rows_below(index, n_kv);
+	const float *k = c->k + (size_t)layer * s->capacity * row, *v = c->v + (size_t)layer * s->capacity * row;
+	for (int t = 0; t < n; t++) {
+		size_t off = (size_t)(index * BT + t) * row + (size_t)head * d;
+		memcpy(out + (size_t)t * d * sizeof(float), k + off, d * sizeof(float));
+		memcpy(out + (size_t)(n + t) * d * sizeof(float), v + off, d * sizeof(float));
+	}
+}
+
+static int f32_block_unpack(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			    const uint8_t *in)
+{
+	KvCacheF32 *c = (KvCacheF32 *)kv;
+	const KvCacheShape *s = &kv->shape;
+	if (index < 0 || n_kv > s->capacity)
+		return -EINVAL;
+	size_t d = (size_t)s->head_dim, row = f32_row(s);
+	int n = f32_rows_below(index, n_kv);
+	float *k = c->k + (size_t)layer * s->capacity * row, *v = c->v + (size_t)layer * s->capacity * row;
+	for (int t = 0; t < n; t++) {
+		size_t off = (size_t)(index * BT + t) * row + (size_t)head * d;
+		memcpy(k + off, in + (size_t)t * d * sizeof(float), d * sizeof(float));
+		memcpy(v + off, in + (size_t)(n + t) * d * sizeof(float), d * sizeof(float));
+	}
+	return 0;
+}
+
 /* The f32 cache keeps every position: its files hold every block. */
 static int64_t f32_first_block(const KvCache *kv, int layer, int64_t n_kv)
 {
@@ -213,6 +257,9 @@ static const KvCacheFileOps f32_file_ops = {
 	.block_bytes = f32_block_bytes,
 	.block_save = f32_block_save,
 	.block_load = f32_block_load,
+	.block_file_bytes = f32_block_file_bytes,
+	.block_pack = f32_block_pack,
+	.block_unpack = f32_block_unpack,
 	.first_block = f32_first_block,
 	.record_tag = f32_record_tag,
 	.record_bytes = f32_record_bytes,

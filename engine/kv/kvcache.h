@@ -102,6 +102,18 @@ typedef struct KvCacheFileOps {
 	/* The same back (block_bytes() bytes at in). 0, -ENOMEM or -EINVAL. */
 	int (*block_load)(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
 			  const uint8_t *in);
+	/*
+	 * Block index of (layer, head) as a session file holds it (version 6
+	 * on, session.h): its size in a file of n_kv tokens (from the types
+	 * and n_kv alone, so a reader knows it), the bytes into out, and back
+	 * from in (the block is allocated; what the file leaves out is zeros
+	 * or the records' to rebuild). Unpack: 0, -ENOMEM or -EINVAL.
+	 */
+	size_t (*block_file_bytes)(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv);
+	void (*block_pack)(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			   uint8_t *out);
+	int (*block_unpack)(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			    const uint8_t *in);
 	/* The tag and size of the record of (layer, head, role) for n_kv tokens. */
 	uint32_t (*record_tag)(const KvCache *kv, int layer, int head, int role);
 	size_t (*record_bytes)(const KvCache *kv, int layer, int head, int role, int64_t n_kv);

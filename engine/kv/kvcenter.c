@@ -1,5 +1,5 @@
 /*
- * kvcenter.c: centered keys (kvcenter.h): the exact first block, the
+ * kvcenter.c: centered keys (kvcenter.h): the first block (binary16), the
  * choice of mu, the scores' frame and the record.
  */
 #include "engine/kv/kvcenter.h"
@@ -38,13 +38,10 @@ size_t kvcenter_bytes(const KvCenter *c)
 	return (1 + (size_t)BT) * (size_t)c->dim * sizeof(float);
 }
 
-int kvcenter_keep(KvCenter *c, int64_t pos0, int64_t n, const float *x, size_t stride)
+/* mu from the keys of positions 1..31. 0 or -EINVAL (not finite: nothing chosen). */
+static int center_choose(KvCenter *c)
 {
 	int d = c->dim;
-	for (int64_t t = 0; t < n && pos0 + t < BT; t++)
-		memcpy(c->first + (pos0 + t) * d, x + (size_t)t * stride, (size_t)d * sizeof(float));
-	if (c->chosen || pos0 + n < BT)
-		return 0;
 	for (int i = 0; i < d; i++) {
 		double sum = 0;
 		for (int p = 1; p < BT; p++)
@@ -52,12 +49,27 @@ int kvcenter_keep(KvCenter *c, int64_t pos0, int64_t n, const float *x, size_t s
 		float mu = (float)(sum / (BT - 1));
 		if (!isfinite(mu)) {
 			memset(c->mu, 0, (size_t)d * sizeof(float));
+			c->chosen = false;
 			return -EINVAL;
 		}
 		c->mu[i] = mu;
 	}
 	c->chosen = true;
 	return 0;
+}
+
+int kvcenter_keep(KvCenter *c, int64_t pos0, int64_t n, const float *x, size_t stride)
+{
+	int d = c->dim;
+	for (int64_t t = 0; t < n && pos0 + t < BT; t++) {
+		float *row = c->first + (pos0 + t) * d;
+		for (int i = 0; i < d; i++)
+			row[i] = kvformat_round_f16(x[(size_t)t * stride + i]);
+	}
+	/* chosen again whenever position 31 is (re)appended: mu follows the keys there */
+	if (pos0 >= BT || pos0 + n < BT)
+		return 0;
+	return center_choose(c);
 }
 
 void kvcenter_center(const KvCenter *c, int64_t pos, const float *x, float *ret)
@@ -94,32 +106,32 @@ void kvcenter_scores(const KvCenter *c, const float *q, int G, int64_t b, int n,
 			scores[(size_t)g * ld + t] += qmu[g];
 }
 
-size_t kvcenter_record_bytes(int dim)
+static int64_t first_rows(int64_t n_kv)
 {
-	return 8 + (1 + (size_t)BT) * (size_t)dim * sizeof(float);
+	return MIN(n_kv, (int64_t)BT);
 }
 
-void kvcenter_record_save(const KvCenter *c, uint8_t **p)
+size_t kvcenter_record_bytes(int dim, int64_t n_kv)
 {
-	kvrec_put_u32(p, c->chosen);
-	kvrec_put_u32(p, 0);
-	kvrec_put_floats(p, c->mu, (size_t)c->dim);
-	kvrec_put_floats(p, c->first, (size_t)BT * c->dim);
+	return (size_t)first_rows(n_kv) * (size_t)dim * 2;
+}
+
+void kvcenter_record_save(const KvCenter *c, int64_t n_kv, uint8_t **p)
+{
+	kvrec_put_f16(p, c->first, (size_t)first_rows(n_kv) * c->dim);
 }
 
 int kvcenter_record_load(KvCenter *c, int64_t n_kv, const uint8_t **p, Error *err)
 {
 	int d = c->dim;
-	uint32_t chosen = kvrec_get_u32(p), reserved = kvrec_get_u32(p);
-	/* positions past block 0 are stored centered: their mu must be there */
-	if (chosen > 1 || reserved != 0 || (!chosen && n_kv > BT))
-		return error_set(err, KVFORMAT_E_CORRUPT, "centered-key state %u with %lld tokens",
-				 chosen, (long long)n_kv);
-	if (!kvrec_get_floats(p, c->mu, (size_t)d) || !kvrec_get_floats(p, c->first, (size_t)BT * d))
-		return error_set(err, KVFORMAT_E_CORRUPT, "a centered-key mean or key not finite");
-	for (int i = 0; !chosen && i < d; i++)
-		if (c->mu[i] != 0.0f)
-			return error_set(err, KVFORMAT_E_CORRUPT, "a centered-key mean before one was chosen");
-	c->chosen = chosen;
+	int64_t m = first_rows(n_kv);
+	memset(c->first, 0, (size_t)BT * d * sizeof(float));
+	memset(c->mu, 0, (size_t)d * sizeof(float));
+	c->chosen = false;
+	if (!kvrec_get_f16(p, c->first, (size_t)m * d))
+		return error_set(err, KVFORMAT_E_CORRUPT, "a centered key of block 0 not finite");
+	/* positions past block 0 are stored centered: their mu comes back from block 0 */
+	if (n_kv >= BT && center_choose(c) != 0)
+		return error_set(err, KVFORMAT_E_CORRUPT, "the centered-key mean is not finite");
 	return 0;
 }

@@ -87,3 +87,41 @@ bool kvrec_get_floats(const uint8_t **p, float *x, size_t n)
 	}
 	return finite;
 }
+
+void kvrec_put_f16(uint8_t **p, const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		put_le(*p, f32_to_half(x[i]), 2);
+		*p += 2;
+	}
+}
+
+bool kvrec_get_f16(const uint8_t **p, float *x, size_t n)
+{
+	bool finite = true;
+	for (size_t i = 0; i < n; i++) {
+		x[i] = half_to_f32((tkv_half)get_le(*p, 2));
+		*p += 2;
+		finite &= isfinite(x[i]) != 0;
+	}
+	return finite;
+}
+
+void kvrec_put_bf16(uint8_t **p, const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		put_le(*p, f32_to_bf16(x[i]), 2);
+		*p += 2;
+	}
+}
+
+bool kvrec_get_bf16(const uint8_t **p, float *x, size_t n)
+{
+	bool finite = true;
+	for (size_t i = 0; i < n; i++) {
+		x[i] = bf16_to_f32((tkv_bf16)get_le(*p, 2));
+		*p += 2;
+		finite &= isfinite(x[i]) != 0;
+	}
+	return finite;
+}

@@ -2,7 +2,7 @@
  * kvformat.h: one KV format as the store sees it. A format is what one
  * side (K or V) of one (layer, kv-head) of a compressed cache stores per
  * head vector, how attention reads it, and what it keeps besides the rows
- * (a codec, an exact first block, query energies). Each format is one
+ * (a codec, a first block kept as binary16, query energies). Each format is one
  * KvFormatOps table in its own file:
  *
  *   fmt_plain.c     f32, f16, q8_0, q4_0, each optionally +h
@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/half.h"
 #include "base/util.h"
 #include "engine/kv/kvcache.h"
 #include "engine/kv/kvtype.h"
@@ -177,8 +178,15 @@ struct KvFormatOps {
 	int (*record_load)(void *st, const KvSideRows *rows, int64_t n_kv, const uint8_t *in,
 			   Error *err);
 	/*
-	 * Optional: block b's region as a file of n_kv tokens holds it, n of
-	 * its rows below n_kv (1..32). NULL: those rows, zeros after.
+	 * Optional: bytes of block b's region in a file of n_kv tokens, n of
+	 * its rows below n_kv (1..32), a prefix of the region (what a format
+	 * keeps elsewhere, in its record, takes none). NULL: n rows.
+	 */
+	size_t (*region_file_bytes)(const void *st, int64_t b, int n);
+	/*
+	 * Optional: those bytes of block b's region into out. NULL: the
+	 * region's first region_file_bytes() bytes. On load the rest of the
+	 * region is zeros.
 	 */
 	void (*region_save)(const void *st, const uint8_t *region, int64_t b, int n, uint8_t *out);
 };
@@ -239,6 +247,43 @@ static inline uint32_t kvrec_get_u32(const uint8_t **p)
 void kvrec_put_floats(uint8_t **p, const float *x, size_t n);
 /* n floats back; false if one is not finite (nothing else is checked). */
 bool kvrec_get_floats(const uint8_t **p, float *x, size_t n);
+
+/*
+ * x rounded to the nearest binary16 value, saturating at +-65504 (NaN
+ * stays NaN): what a format keeps exact keeps at this precision, so that
+ * its session record holds it in 2 bytes and restores it bit for bit.
+ */
+static inline float kvformat_round_f16(float x)
+{
+	if (x > 65504.0f)
+		x = 65504.0f;
+	else if (x < -65504.0f)
+		x = -65504.0f;
+	return half_to_f32(f32_to_half(x));
+}
+
+/*
+ * The same for bfloat16 (values whose range f16 does not cover: energies),
+ * saturating at the largest finite bfloat16; NaN becomes that too.
+ */
+static inline float kvformat_round_bf16(float x)
+{
+	const float max = 3.38953139e38f; /* 0x7f7f */
+	if (!(x <= max))
+		x = x < 0 ? -max : max;
+	else if (x < -max)
+		x = -max;
+	return bf16_to_f32(f32_to_bf16(x));
+}
+
+/* n floats (each binary16-exact: kvformat_round_f16()) as binary16, little-endian. */
+void kvrec_put_f16(uint8_t **p, const float *x, size_t n);
+/* n binary16 values back; false if one is not finite. */
+bool kvrec_get_f16(const uint8_t **p, float *x, size_t n);
+/* n floats (each bfloat16-exact) as bfloat16, little-endian. */
+void kvrec_put_bf16(uint8_t **p, const float *x, size_t n);
+/* n bfloat16 values back; false if one is not finite. */
+bool kvrec_get_bf16(const uint8_t **p, float *x, size_t n);
 
 /* A four-character record tag as the u32 the file holds. */
 #define KVREC_TAG(a, b, c, d) \

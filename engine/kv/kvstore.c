@@ -827,16 +827,31 @@ static size_t file_block_bytes(const KvCache *kv, int layer)
 	return kvstore_block_bytes(kv, layer);
 }
 
-/* One side's region of a block as a file holds it: the format's say, or rows < n then zeros. */
+/* Rows of block index below n_kv (0..32). */
+static int rows_below(int64_t index, int64_t n_kv)
+{
+	return (int)MAX(0, MIN((int64_t)BT, n_kv - index * BT));
+}
+
+/* Bytes of one side's region of block index in a file: the format's say, or its n rows. */
+static size_t region_file_bytes(const KvSide *side, int64_t index, int n, size_t row_bytes)
+{
+	if (n == 0)
+		return 0;
+	return side->ops->region_file_bytes ? side->ops->region_file_bytes(side->st, index, n)
+					    : (size_t)n * row_bytes;
+}
+
+/* The full block as the CUDA cache moves it: rows < n then zeros; a format's region as its file holds it. */
 static void region_save(const KvSide *side, const uint8_t *region, int64_t index, int n,
 			size_t row_bytes, uint8_t *out)
 {
-	if (side->ops->region_save) {
+	size_t bytes = region_file_bytes(side, index, n, row_bytes);
+	if (side->ops->region_save)
 		side->ops->region_save(side->st, region, index, n, out);
-		return;
-	}
-	memcpy(out, region, (size_t)n * row_bytes);
-	memset(out + (size_t)n * row_bytes, 0, (size_t)(BT - n) * row_bytes);
+	else
+		memcpy(out, region, bytes);
+	memset(out + bytes, 0, BT * row_bytes - bytes);
 }
 
 static void file_block_save(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
@@ -845,13 +860,67 @@ static void file_block_save(const KvCache *kv, int layer, int head, int64_t inde
 	const KvLayer *L = &store_of(kv)->layers[layer];
 	const KvHead *H = &L->heads[head];
 	const uint8_t *b = index < H->cap_blocks ? H->blocks[index] : NULL;
-	int n = (int)MAX(0, MIN((int64_t)BT, n_kv - index * BT));
+	int n = rows_below(index, n_kv);
 	if (!b || n == 0) {
 		memset(out, 0, BT * (L->k_bytes + L->v_bytes));
 		return;
 	}
 	region_save(&H->k, b, index, n, L->k_bytes, out);
 	region_save(&H->v, b + BT * L->k_bytes, index, n, L->v_bytes, out + BT * L->k_bytes);
+}
+
+static size_t file_block_file_bytes(const KvCache *kv, int layer, int head, int64_t index,
+				    int64_t n_kv)
+{
+	const KvLayer *L = &store_of(kv)->layers[layer];
+	const KvHead *H = &L->heads[head];
+	int n = rows_below(index, n_kv);
+	return region_file_bytes(&H->k, index, n, L->k_bytes) + region_file_bytes(&H->v, index, n, L->v_bytes);
+}
+
+/* The K region's file bytes, then the V region's (session.h, LAYER). */
+static void file_block_pack(const KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			    uint8_t *out)
+{
+	const KvLayer *L = &store_of(kv)->layers[layer];
+	const KvHead *H = &L->heads[head];
+	const uint8_t *b = index < H->cap_blocks ? H->blocks[index] : NULL;
+	int n = rows_below(index, n_kv);
+	size_t kb = region_file_bytes(&H->k, index, n, L->k_bytes);
+	size_t vb = region_file_bytes(&H->v, index, n, L->v_bytes);
+	if (!b) {
+		memset(out, 0, kb + vb);
+		return;
+	}
+	const uint8_t *kr = b, *vr = b + BT * L->k_bytes;
+	if (H->k.ops->region_save && kb)
+		H->k.ops->region_save(H->k.st, kr, index, n, out);
+	else
+		memcpy(out, kr, kb);
+	if (H->v.ops->region_save && vb)
+		H->v.ops->region_save(H->v.st, vr, index, n, out + kb);
+	else
+		memcpy(out + kb, vr, vb);
+}
+
+static int file_block_unpack(KvCache *kv, int layer, int head, int64_t index, int64_t n_kv,
+			     const uint8_t *in)
+{
+	KvStore *st = store_of(kv);
+	KvLayer *L = &st->layers[layer];
+	KvHead *H = &L->heads[head];
+	if (index < 0 || index >= (kv->shape.capacity + BT - 1) / BT)
+		return -EINVAL;
+	uint8_t *b = head_block(st, L, H, index);
+	if (!b)
+		return -ENOMEM;
+	int n = rows_below(index, n_kv);
+	size_t kb = region_file_bytes(&H->k, index, n, L->k_bytes);
+	size_t vb = region_file_bytes(&H->v, index, n, L->v_bytes);
+	memset(b, 0, BT * (L->k_bytes + L->v_bytes));
+	memcpy(b, in, kb);
+	memcpy(b + BT * L->k_bytes, in + kb, vb);
+	return 0;
 }
 
 /* A windowed layer's file holds what a query at n_kv still sees. */
@@ -919,6 +988,9 @@ static const KvCacheFileOps kvstore_file_ops = {
 	.block_bytes = file_block_bytes,
 	.block_save = file_block_save,
 	.block_load = file_block_load,
+	.block_file_bytes = file_block_file_bytes,
+	.block_pack = file_block_pack,
+	.block_unpack = file_block_unpack,
 	.first_block = file_first_block,
 	.record_tag = file_record_tag,
 	.record_bytes = file_record_bytes,

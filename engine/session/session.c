@@ -21,6 +21,12 @@
 #define BT KV_BLOCK_TOKENS
 #define WRITE_BUF_BYTES (256u << 10)
 
+/* session.h's layout: the header's fields end with its CRC at 60, sections have 16-byte headers. */
+static_assert(SESSION_HEADER_BYTES == 64 && SESSION_SECTION_HEADER_BYTES == 16, "session.h's layout");
+static_assert(KV_BLOCK_TOKENS == 32, "LAYER sections hold blocks of 32 positions");
+static_assert(SESSION_VERSION_KV <= SESSION_VERSION_BLOCKS && SESSION_VERSION_BLOCKS <= SESSION_VERSION,
+	      "versions in order");
+
 const char *session_error_name(int code)
 {
 	switch (code) {
@@ -224,8 +230,10 @@ static int layout_compute(const SessionState *s, size_t spec_len, Layout *l, Err
 			}
 		l->block_bytes[i] = l->file->block_bytes(kv, i);
 		l->first_block[i] = (uint32_t)MIN((int64_t)l->n_blocks, l->file->first_block(kv, i, n_kv));
-		l->layer_len[i] = 16 + (uint64_t)sh->n_kv_heads * (l->n_blocks - l->first_block[i]) *
-					       l->block_bytes[i];
+		l->layer_len[i] = 16;
+		for (int h = 0; h < sh->n_kv_heads; h++)
+			for (uint32_t b = l->first_block[i]; b < l->n_blocks; b++)
+				l->layer_len[i] += l->file->block_file_bytes(kv, i, h, b, n_kv);
 	}
 	if (l->kv_len > SESSION_MAX_KV_SECTION)
 		return error_set(err, -EINVAL, "a KV section of %llu bytes: beyond the format",
@@ -329,8 +337,10 @@ static int write_layer_section(Out *o, const Layout *l, const SessionState *s, i
 	out_u64(o, bytes);
 	for (int h = 0; h < l->n_kv_heads; h++)
 		for (uint32_t b = l->first_block[layer]; b < l->n_blocks; b++) {
-			l->file->block_save(s->kv, layer, h, b, l->n_kv, scratch);
-			out_put(o, scratch, bytes);
+			size_t n = l->file->block_file_bytes(s->kv, layer, h, b, l->n_kv);
+			assert(n <= bytes);
+			l->file->block_pack(s->kv, layer, h, b, l->n_kv, scratch);
+			out_put(o, scratch, n);
 		}
 	out_section_end(o);
 	return o->error;
@@ -571,9 +581,15 @@ static int read_kv(In *in, const SessionHeader *hd, const SessionExpect *e, KvCa
 				uint64_t want = fo->record_bytes(kv, i, h, role, hd->n_kv);
 				if (len - pos < 8 || get_le(p + pos, 4) != tag || get_le(p + pos + 4, 4) != want ||
 				    want > len - pos - 8)
-					return error_set(err, SESSION_E_KV_TYPE,
-							 "layer %d head %d %c: saved with another KV type", i, h,
-							 role ? 'V' : 'K');
+					return hd->version < SESSION_VERSION_BLOCKS
+						? error_set(err, SESSION_E_KV_TYPE,
+							    "layer %d head %d %c: saved by an older turbokv (session "
+							    "file version %u), whose records of this KV type this build "
+							    "no longer reads: the prompt is recomputed", i, h,
+							    role ? 'V' : 'K', hd->version)
+						: error_set(err, SESSION_E_KV_TYPE,
+							    "layer %d head %d %c: saved with another KV type", i, h,
+							    role ? 'V' : 'K');
 				pos += 8 + want;
 			}
 	}
@@ -679,6 +695,23 @@ static int read_messages(In *in, uint32_t version, SessionState *s, Error *err)
 	return 0;
 }
 
+/*
+ * Bytes of the LAYER section of layer, holding blocks first.. in a file
+ * of hd's version: whole blocks before version 6.
+ */
+static uint64_t layer_payload(const SessionHeader *hd, const KvCache *kv, int layer, uint32_t first)
+{
+	const KvCacheFileOps *fo = kvcache_file(kv);
+	uint32_t end = (hd->n_kv + BT - 1) / BT;
+	if (hd->version < SESSION_VERSION_BLOCKS)
+		return 16 + (uint64_t)kv->shape.n_kv_heads * (end - first) * fo->block_bytes(kv, layer);
+	uint64_t len = 16;
+	for (int h = 0; h < kv->shape.n_kv_heads; h++)
+		for (uint32_t b = first; b < end; b++)
+			len += fo->block_file_bytes(kv, layer, h, b, hd->n_kv);
+	return len;
+}
+
 /* A LAYER section into layer of kv. */
 static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, Error *err)
 {
@@ -688,7 +721,8 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 	uint32_t end = (hd->n_kv + BT - 1) / BT;
 	uint32_t first = (uint32_t)MIN((int64_t)end, fo->first_block(kv, layer, hd->n_kv));
 	uint32_t n_blocks = end - first; /* a windowed layer's file holds what it still sees */
-	uint64_t expect = 16 + (uint64_t)sh->n_kv_heads * n_blocks * bytes;
+	uint64_t expect = layer_payload(hd, kv, layer, first);
+	bool whole = hd->version < SESSION_VERSION_BLOCKS;
 	char what[48];
 	const uint8_t *p;
 	uint64_t len;
@@ -703,9 +737,13 @@ static int read_layer(In *in, const SessionHeader *hd, KvCache *kv, int layer, E
 				 (unsigned long long)get_le(p + 8, 8), layer, n_blocks, bytes);
 	p += 16;
 	for (int h = 0; h < sh->n_kv_heads; h++)
-		for (uint32_t b = first; b < end; b++, p += bytes)
-			if ((r = fo->block_load(kv, layer, h, b, hd->n_kv, p)) != 0)
+		for (uint32_t b = first; b < end; b++) {
+			r = whole ? fo->block_load(kv, layer, h, b, hd->n_kv, p)
+				  : fo->block_unpack(kv, layer, h, b, hd->n_kv, p);
+			if (r != 0)
 				return error_set(err, r, "cannot restore a block: %s", strerror(-r));
+			p += whole ? bytes : fo->block_file_bytes(kv, layer, h, b, hd->n_kv);
+		}
 	return 0;
 }
 

@@ -18,11 +18,15 @@
  *
  *   offset size field
  *   0      8    magic "TKVSESS\0"
- *   8      4    version, SESSION_VERSION = 5 (version 4 is read whole: it
- *               is version 5 with bytes 56..59 and the message flags 0;
- *               versions 1 to 3, whose KV section the container itself
- *               laid out, are read for their conversation only: the
- *               prompt is recomputed)
+ *   8      4    version, SESSION_VERSION = 6. Versions 4 and 5 (5 is 6
+ *               with whole blocks in the LAYER sections and the records
+ *               "PLN1", "TQD1", "CTR1", "PKY1"; 4 is 5 with bytes 56..59
+ *               and the message flags 0) are read whole when their
+ *               records are those this build writes (the f32 cache and
+ *               the plain formats), else for their conversation only
+ *               (SESSION_E_KV_TYPE, "saved by an older turbokv": the
+ *               prompt is recomputed); so are versions 1 to 3, whose KV
+ *               section the container itself laid out
  *   12     4    header size, 64
  *   16     8    model fingerprint: gguf_fingerprint() of the model
  *   24     4    n_layers
@@ -57,7 +61,7 @@
  *          8    block bytes of the layer (those of its LAYER section)
  *          then per kv-head, K then V, one record:
  *          4    tag: four ASCII bytes naming who wrote it ("PLN1" plain,
- *               "TQD1" TurboQuant, "CTR1" centered, "PKY1" pair-coded
+ *               "TQD2" TurboQuant, "CTR2" centered, "PKY2" pair-coded
  *               keys, "F32 " the f32 cache)
  *          4    length L of the record for n_kv tokens
  *          L    the record, as its format documents it
@@ -87,13 +91,18 @@
  *               (kvcache_window_first_block(): the block of n_kv - W + 1)
  *   8      8    block bytes: KvCacheFileOps.block_bytes() (the store's
  *               kvstore_block_bytes(); for kind 0 32 * 2 * head_dim * 4)
- *   16     n_kv_heads * n_blocks * block bytes: kv-head 0's blocks first..,
- *          then kv-head 1's, ... Each block holds positions 32 i ..
- *          32 i + 31 as kvstore.h lays it out (32 K rows, then 32 V
- *          rows; kind 0 writes f32 rows the same way), as
- *          KvCacheFileOps.block_save() gives it: rows at positions >= n_kv
- *          are zeros, and a format may say more (pk: a partial block's
- *          key region is zeros, its keys are in the record).
+ *   16     kv-head 0's blocks first .. first + n_blocks - 1, then kv-head
+ *          1's, ... Block i (positions 32 i .. 32 i + 31, n = min(32,
+ *          n_kv - 32 i) of them below n_kv) as KvCacheFileOps.block_pack()
+ *          gives it, block_file_bytes() long: its K region's bytes, then
+ *          its V region's. A region is, by default, its first n rows as
+ *          kvstore.h lays them out (n * row bytes; kind 0: n f32 K rows,
+ *          then n f32 V rows); a format may keep less
+ *          (KvFormatOps.region_file_bytes(): pk's block 0 and partial
+ *          block take no bytes, their keys are in its record). Rows not
+ *          in the file are zeros on load. Lengths follow from the types
+ *          and n_kv, never from the file. (Versions 4 and 5: every block
+ *          whole, block bytes long, rows >= n_kv zeros.)
  *
  * == Reading ==
  *
@@ -108,7 +117,10 @@
  * (TurboQuant: the descriptor matches the plan with the stored seed's
  * derived seeds; pk: coded blocks are readable). Each failure has its own
  * code below. A file that passes restores into a fresh cache whose blocks
- * and state equal the saved ones byte for byte.
+ * and state equal the saved ones byte for byte: whatever a format keeps
+ * exact besides its codes (block 0 of centered keys, pk's stage) it keeps
+ * binary16-rounded in memory too, and what it derives (mu, pk's weights)
+ * it rebuilds on load the way it computed it.
  *
  * == Writing ==
  *
@@ -128,7 +140,8 @@
 #include "engine/kv/kvtype.h"
 
 #define SESSION_MAGIC "TKVSESS"          /* 8 bytes with its NUL */
-#define SESSION_VERSION 5u       /* the session's context policy, pinned messages */
+#define SESSION_VERSION 6u       /* blocks as each format keeps them; compact records */
+#define SESSION_VERSION_BLOCKS 6u /* the first whose LAYER sections hold blocks as block_pack() gives them */
 #define SESSION_VERSION_KV 4u    /* the oldest whose KV this build reads (KV records written by each format) */
 #define SESSION_VERSION_FIRST 1u /* the oldest this build reads (for the conversation) */
 #define SESSION_HEADER_BYTES 64u

@@ -7,7 +7,9 @@
  * 1000, capacity 256, fingerprint 0x0123456789abcdef; the corpus is
  * written by tests/unit/test-session.c with TKV_SESSION_CORPUS=DIR) under
  * the f32 cache, q8_0, tq4, "tq4+qjl:tq3.5o", "tq4_nc+c:tq3" (centered
- * keys) and "pk4:tq3" (pair-coded keys). An input whose last byte is odd gets its header and section
+ * keys), "pk4:tq3" (pair-coded keys) and the default "pk5:tq3.5_nc"
+ * (version 6's compact records and blocks; the corpus has files of 1 and
+ * 44 tokens). An input whose last byte is odd gets its header and section
  * checksums recomputed first (walking the section lengths it claims), so
  * that mutations also reach the checks behind the CRCs.
  *
@@ -109,7 +111,7 @@ static void check_state(const SessionState *s, const SessionExpect *e)
 int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {
 	static const char *const specs[] = { NULL, "q8_0", "tq4", "tq4+qjl:tq3.5o", "tq4_nc+c:tq3",
-					       "pk4:tq3" };
+					       "pk4:tq3", "pk5:tq3.5_nc" };
 	static KvPlan *plans[ARRAY_SIZE(specs)];
 	static bool ready;
 	if (!ready) {

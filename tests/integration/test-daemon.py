@@ -821,7 +821,7 @@ def case_session_corrupt(args, tmp):
     assert data[64 + 32:64 + 32 + spec_len] == b"q8_0", data[64 + 32:64 + 32 + spec_len]
     print("kv         -> another KV type: %d prompt tokens computed again, saved as q8_0" % w.first(res.done, 3))
 
-    # pair-coded keys (engine/kv/fmt_pk.c): migrated, saved (session file version 5), restored and reused after a restart
+    # pair-coded keys (engine/kv/fmt_pk.c): migrated, saved (session file version 6), restored and reused after a restart
     pk = ["--kv", "pk4:tq3_nc"]
     d = sess_daemon(args, tmp, extra=pk)
     res = sess_ok(sess_turn(d, "kv", TURNS[0]))
@@ -829,12 +829,12 @@ def case_session_corrupt(args, tmp):
     d.stop()
     data = open(os.path.join(sdir, "kv.tkvs"), "rb").read()
     spec_len = int.from_bytes(data[64 + 16 + 4:64 + 16 + 8], "little")
-    assert data[8] == 5 and data[64 + 32:64 + 32 + spec_len] == b"pk4:tq3_nc", data[:12]
+    assert data[8] == 6 and data[64 + 32:64 + 32 + spec_len] == b"pk4:tq3_nc", data[:12]
     d = sess_daemon(args, tmp, extra=pk)
     again = sess_ok(sess_turn(d, "kv", TURNS[1]))
     assert w.first(again.done, 4) >= w.first(res.done, 3), ("pk prefix not reused", again.done, res.done)
     d.stop()
-    print("kv         -> pk4:tq3_nc: saved as version 4, %d of %d prompt tokens from the restored cache" %
+    print("kv         -> pk4:tq3_nc: saved as version 6, %d of %d prompt tokens from the restored cache" %
           (w.first(again.done, 4), w.first(again.done, 3)))
     return 0
 
