@@ -1,8 +1,11 @@
 /*
  * cpu_features.c: run-time detection of the SIMD extensions our fast
- * kernels use (AVX2, FMA, F16C, AVX-512), checked once with cpuid/xgetbv.
+ * kernels use, checked once: AVX2, FMA, F16C, AVX-512 with cpuid/xgetbv
+ * on x86; NEON (always there) and the dot-product extension with
+ * getauxval(AT_HWCAP) on aarch64.
  *
- * Owns the answer to "may the *_avx2.c (*_avx512.c) kernels run here";
+ * Owns the answer to "may the *_avx2.c (*_avx512.c, *_neon.c) kernels run
+ * here";
  * does not own the dispatch itself (matmul.c and friends ask per call,
  * so tests can flip cpu_features_disable_simd() at any time).
  */
@@ -12,14 +15,19 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1ul << 20) /* linux/arch/arm64/include/uapi/asm/hwcap.h */
+#endif
 #endif
 
 #include "kernels/cpu/cpu_features.h"
 
-static CpuFeatures detected, detected_avx2_only;
+static CpuFeatures detected, detected_avx2_only, detected_no_dotprod, detected_base;
 static const CpuFeatures none;
 static atomic_int detect_state; /* 0: not yet, 1: running, 2: done */
-static atomic_bool simd_disabled, avx512_disabled;
+static atomic_bool simd_disabled, avx512_disabled, dotprod_disabled;
 
 #if defined(__x86_64__) || defined(__i386__)
 static unsigned long long xgetbv0(void)
@@ -55,6 +63,14 @@ static void features_detect(CpuFeatures *f)
 		f->avx512vbmi = f->avx512 && (c & (1u << 1));
 	}
 }
+#elif defined(__aarch64__)
+static void features_detect(CpuFeatures *f)
+{
+	memset(f, 0, sizeof(*f));
+	/* Advanced SIMD is part of the aarch64 base architecture (the ABI passes vectors in it) */
+	f->neon = true;
+	f->dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+}
 #else
 static void features_detect(CpuFeatures *f)
 {
@@ -62,20 +78,30 @@ static void features_detect(CpuFeatures *f)
 }
 #endif
 
+static bool env_set(const char *name)
+{
+	const char *e = getenv(name);
+	return e && *e && strcmp(e, "0") != 0;
+}
+
 static void features_init(void)
 {
 	int expected = 0;
 	if (atomic_compare_exchange_strong(&detect_state, &expected, 1)) {
-		const char *e = getenv("TURBOKV_NO_SIMD");
-		if (e && *e && strcmp(e, "0") != 0)
+		if (env_set("TURBOKV_NO_SIMD"))
 			atomic_store(&simd_disabled, true);
-		e = getenv("TURBOKV_NO_AVX512");
-		if (e && *e && strcmp(e, "0") != 0)
+		if (env_set("TURBOKV_NO_AVX512"))
 			atomic_store(&avx512_disabled, true);
+		if (env_set("TURBOKV_NO_DOTPROD"))
+			atomic_store(&dotprod_disabled, true);
 		features_detect(&detected);
 		detected_avx2_only = detected;
 		detected_avx2_only.avx512 = false;
 		detected_avx2_only.avx512vbmi = false;
+		detected_no_dotprod = detected;
+		detected_no_dotprod.dotprod = false;
+		detected_base = detected_avx2_only;
+		detected_base.dotprod = false;
 		atomic_store_explicit(&detect_state, 2, memory_order_release);
 		return;
 	}
@@ -91,8 +117,14 @@ const CpuFeatures *cpu_features(void)
 		features_init();
 	if (atomic_load_explicit(&simd_disabled, memory_order_relaxed))
 		return &none;
-	if (atomic_load_explicit(&avx512_disabled, memory_order_relaxed))
+	bool no512 = atomic_load_explicit(&avx512_disabled, memory_order_relaxed);
+	bool nodp = atomic_load_explicit(&dotprod_disabled, memory_order_relaxed);
+	if (no512 && nodp)
+		return &detected_base;
+	if (no512)
 		return &detected_avx2_only;
+	if (nodp)
+		return &detected_no_dotprod;
 	return &detected;
 }
 
@@ -108,4 +140,11 @@ void cpu_features_disable_avx512(bool disable)
 	if (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
 		features_init();
 	atomic_store(&avx512_disabled, disable);
+}
+
+void cpu_features_disable_dotprod(bool disable)
+{
+	if (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
+		features_init();
+	atomic_store(&dotprod_disabled, disable);
 }

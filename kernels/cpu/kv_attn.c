@@ -339,12 +339,12 @@ void kv_attn_pk_planes(const float *c, int b, uint8_t *planes)
 
 bool kv_attn_have_avx2(void)
 {
+#if defined(CPU_KERNELS_X86)
 	const CpuFeatures *f = cpu_features();
-#if defined(__x86_64__) || defined(__i386__)
 	/* pdep unpacks odd code widths; every AVX2 CPU has BMI2, but a VM may hide it */
 	return f->avx2 && f->fma && f->f16c && __builtin_cpu_supports("bmi2");
 #else
-	return f->avx2 && f->fma && f->f16c;
+	return false;
 #endif
 }
 
@@ -353,6 +353,21 @@ bool kv_attn_have_avx512(void)
 	return cpu_features()->avx512 && kv_attn_have_avx2();
 }
 
+bool kv_attn_have_avx512vbmi(void)
+{
+	return cpu_features()->avx512vbmi && kv_attn_have_avx512();
+}
+
+bool kv_attn_have_neon(void)
+{
+#if defined(CPU_KERNELS_NEON)
+	return cpu_features()->neon;
+#else
+	return false;
+#endif
+}
+
+#if defined(CPU_KERNELS_X86)
 KvAttnScoresFn kv_attn_scores_get(void)
 {
 	if (kv_attn_have_avx512())
@@ -365,11 +380,6 @@ KvAttnSoftmaxFn kv_attn_softmax_get(void)
 	if (kv_attn_have_avx512())
 		return kv_attn_softmax_avx512;
 	return kv_attn_have_avx2() ? kv_attn_softmax_avx2 : kv_attn_softmax_ref;
-}
-
-bool kv_attn_have_avx512vbmi(void)
-{
-	return cpu_features()->avx512vbmi && kv_attn_have_avx512();
 }
 
 KvAttnPkScoresFn kv_attn_pk_scores_get(void)
@@ -392,3 +402,54 @@ KvAttnValuesFn kv_attn_values_get(void)
 		return kv_attn_values_avx512;
 	return kv_attn_have_avx2() ? kv_attn_values_avx2 : kv_attn_values_ref;
 }
+#elif defined(CPU_KERNELS_NEON)
+KvAttnScoresFn kv_attn_scores_get(void)
+{
+	return kv_attn_have_neon() ? kv_attn_scores_neon : kv_attn_scores_ref;
+}
+
+KvAttnSoftmaxFn kv_attn_softmax_get(void)
+{
+	return kv_attn_softmax_ref;
+}
+
+KvAttnPkScoresFn kv_attn_pk_scores_get(void)
+{
+	return kv_attn_have_neon() ? kv_attn_pk_scores_neon : kv_attn_pk_scores_ref;
+}
+
+KvAttnValuesFn kv_attn_values_get(void)
+{
+	return kv_attn_have_neon() ? kv_attn_values_neon : kv_attn_values_ref;
+}
+
+KvAttnExactScoresFn kv_attn_exact_scores_get(void)
+{
+	return kv_attn_have_neon() ? kv_attn_exact_scores_neon : kv_attn_exact_scores_ref;
+}
+#else
+KvAttnScoresFn kv_attn_scores_get(void)
+{
+	return kv_attn_scores_ref;
+}
+
+KvAttnSoftmaxFn kv_attn_softmax_get(void)
+{
+	return kv_attn_softmax_ref;
+}
+
+KvAttnPkScoresFn kv_attn_pk_scores_get(void)
+{
+	return kv_attn_pk_scores_ref;
+}
+
+KvAttnValuesFn kv_attn_values_get(void)
+{
+	return kv_attn_values_ref;
+}
+
+KvAttnExactScoresFn kv_attn_exact_scores_get(void)
+{
+	return kv_attn_exact_scores_ref;
+}
+#endif

@@ -215,6 +215,9 @@ void kv_attn_exact_scores_ref(const float *x, int d, const float *q, int G, int 
 			      float *scores, int ld);
 void kv_attn_exact_scores_avx2(const float *x, int d, const float *q, int G, int n, float scale,
 			       float *scores, int ld);
+/* NEON (aarch64 builds, kv_attn_have_neon()): four fused lanes per sum. */
+void kv_attn_exact_scores_neon(const float *x, int d, const float *q, int G, int n, float scale,
+			       float *scores, int ld);
 KvAttnExactScoresFn kv_attn_exact_scores_get(void);
 
 /*
@@ -232,12 +235,31 @@ void kv_attn_softmax_avx2(float *s, int ld, int G, int n, float *m, float *l, fl
 void kv_attn_softmax_avx512(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr);
 KvAttnSoftmaxFn kv_attn_softmax_get(void);
 
+/*
+ * NEON twins (aarch64 builds, kv_attn_neon.c): call only when
+ * kv_attn_have_neon(). Scores and values cover F16 and TQ rows (the
+ * default type's tq values, tq4) in the stored domain with fused
+ * multiply-adds, so they agree with the references to float rounding;
+ * other formats go to the references. The pk score kernel computes the
+ * reference's products and sums in its order without fusing: bit for bit.
+ */
+void kv_attn_scores_neon(const KvAttnRows *keys, const KvAttnQuery *q, int G, const uint8_t *k,
+			 int n, float scale, float *scores, int ld);
+void kv_attn_values_neon(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			 int n, float *acc, int acc_ld);
+void kv_attn_pk_scores_neon(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+			    float scale, float *scores, int ld);
+
+/* Whether the NEON kernels may run (an aarch64 build, SIMD not disabled). */
+bool kv_attn_have_neon(void);
+
 /* Whether the AVX2 kernels may run (CPU features, SIMD not disabled). */
 bool kv_attn_have_avx2(void);
 /* Whether the AVX-512 kernels may run (and AVX2 too; AVX-512 not disabled). */
 bool kv_attn_have_avx512(void);
 bool kv_attn_have_avx512vbmi(void); /* and VBMI: the pk kernel that unpacks codes in the vector unit */
 
-/* The kernels to use now: AVX-512, else AVX2 where allowed, else the references. */
+/* The kernels to use now: AVX-512, else AVX2 where allowed (x86), NEON
+ * (aarch64), else the references. */
 KvAttnScoresFn kv_attn_scores_get(void);
 KvAttnValuesFn kv_attn_values_get(void);

@@ -13,7 +13,7 @@
  * kernels instead: 4 rows x up to 4 tokens per call, the rows' blocks read
  * as one stream.
  *
- * Owns the choice of kernel (AVX2 or reference, per call, from
+ * Owns the choice of kernel (AVX2, NEON or reference, per call, from
  * cpu_features()); the kernels themselves live in vec_dot_*.c,
  * repack*.c and quant_act*.c.
  */
@@ -71,10 +71,44 @@ typedef struct MatmulCtx {
 	atomic_long next_chunk;
 } MatmulCtx;
 
+/* Whether this build's SIMD kernel set may run here. */
 static bool simd_usable(void)
 {
 	const CpuFeatures *f = cpu_features();
+#if defined(CPU_KERNELS_X86)
 	return f->avx2 && f->fma && f->f16c;
+#elif defined(CPU_KERNELS_NEON)
+	return f->neon;
+#else
+	(void)f;
+	return false;
+#endif
+}
+
+/* The SIMD kernels for weight type t (simd_usable() true); NULL where none. */
+static void simd_kernels_get(uint32_t t, MatmulKernels *k)
+{
+#if defined(CPU_KERNELS_X86)
+	k->dot = vec_dot_avx2_get(t);
+	k->multi = vec_dot_avx2_multi_get(t);
+#elif defined(CPU_KERNELS_NEON)
+	k->dot = vec_dot_neon_get(t, cpu_features()->dotprod);
+#else
+	(void)t;
+	(void)k;
+#endif
+}
+
+static RepackTileFn simd_tile_get(uint32_t t)
+{
+#if defined(CPU_KERNELS_X86)
+	return repack_tile_avx2_get(t);
+#elif defined(CPU_KERNELS_NEON)
+	return repack_tile_neon_get(t, cpu_features()->dotprod);
+#else
+	(void)t;
+	return NULL;
+#endif
 }
 
 /* Returns 0 or -EINVAL if w's type or shape has no kernel. */
@@ -95,17 +129,15 @@ static int kernels_pick(const MatmulWeight *w, bool allow_simd, MatmulKernels *r
 	if (w->layout == MATMUL_LAYOUT_X4) {
 		if (w->rows % REPACK_GROUP != 0)
 			return -EINVAL;
-		ret->tile = ret->simd ? repack_tile_avx2_get(w->type) : NULL;
+		ret->tile = ret->simd ? simd_tile_get(w->type) : NULL;
 		if (!ret->tile)
 			ret->tile = repack_tile_ref_get(w->type);
 		return ret->tile ? 0 : -EINVAL;
 	}
 	if (w->layout != MATMUL_LAYOUT_ROWS)
 		return -EINVAL;
-	if (ret->simd) {
-		ret->dot = vec_dot_avx2_get(w->type);
-		ret->multi = vec_dot_avx2_multi_get(w->type);
-	}
+	if (ret->simd)
+		simd_kernels_get(w->type, ret);
 	if (!ret->dot)
 		ret->dot = vec_dot_ref_get(w->type);
 	return 0;

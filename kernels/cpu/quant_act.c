@@ -138,6 +138,15 @@ void quant_act_scales(uint32_t act_type, const void *y, float *ret_scales, int64
 	}
 }
 
+/* The SIMD quantizers of this build's kernel set (none: the references). */
+#if defined(CPU_KERNELS_X86)
+#define QUANT_SIMD(name) quant_act_##name##_avx2
+#elif defined(CPU_KERNELS_NEON)
+#define QUANT_SIMD(name) quant_act_##name##_neon
+#else
+#define QUANT_SIMD(name) quant_act_##name##_ref
+#endif
+
 void quant_act_row(uint32_t act_type, const float *x, void *y, int64_t n, bool simd)
 {
 	switch (act_type) {
@@ -146,19 +155,19 @@ void quant_act_row(uint32_t act_type, const float *x, void *y, int64_t n, bool s
 		break;
 	case WTYPE_Q8_0:
 		if (simd)
-			quant_act_q8_0_avx2(x, y, n);
+			QUANT_SIMD(q8_0)(x, y, n);
 		else
 			quant_act_q8_0_ref(x, y, n);
 		break;
 	case WTYPE_Q8_1:
 		if (simd)
-			quant_act_q8_1_avx2(x, y, n);
+			QUANT_SIMD(q8_1)(x, y, n);
 		else
 			quant_act_q8_1_ref(x, y, n);
 		break;
 	case WTYPE_Q8_K:
 		if (simd)
-			quant_act_q8_K_avx2(x, y, n);
+			QUANT_SIMD(q8_K)(x, y, n);
 		else
 			quant_act_q8_K_ref(x, y, n);
 		break;

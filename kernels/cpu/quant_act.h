@@ -14,7 +14,7 @@
  * block also gets zero bsums, which ggml leaves unset). The _avx2
  * versions produce the same bytes as the references (same rounding,
  * same operation order), and are only called when cpu_features() has
- * avx2, fma and f16c.
+ * avx2, fma and f16c; so do the _neon ones (aarch64 builds).
  */
 #pragma once
 
@@ -31,6 +31,10 @@ void quant_act_q8_K_ref(const float *x, BlockQ8_K *y, int64_t n);
 void quant_act_q8_0_avx2(const float *x, BlockQ8_0 *y, int64_t n);
 void quant_act_q8_1_avx2(const float *x, BlockQ8_1 *y, int64_t n);
 void quant_act_q8_K_avx2(const float *x, BlockQ8_K *y, int64_t n);
+/* NEON (aarch64 builds): the same bytes as the references too. */
+void quant_act_q8_0_neon(const float *x, BlockQ8_0 *y, int64_t n);
+void quant_act_q8_1_neon(const float *x, BlockQ8_1 *y, int64_t n);
+void quant_act_q8_K_neon(const float *x, BlockQ8_K *y, int64_t n);
 
 /*
  * The activation format a weight type is multiplied with: WTYPE_Q8_0,

@@ -57,6 +57,9 @@ const void *repack_row(const MatmulWeight *w, int64_t r, void *buf);
  * when cpu_features() has avx2, fma and f16c); NULL if none. */
 RepackTileFn repack_tile_ref_get(uint32_t t);
 RepackTileFn repack_tile_avx2_get(uint32_t t);
+/* NEON (aarch64 builds; dotprod only where cpu_features() has it): the NEON
+ * row kernel on each row's blocks in place, no gather. */
+RepackTileFn repack_tile_neon_get(uint32_t t, bool dotprod);
 
 void repack_tile_q4_K_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 			  size_t y_stride);

@@ -7,7 +7,7 @@
  *   weight's block size.
  *
  * Every kernel has a scalar reference (vec_dot_ref.c, the definition of
- * the sum) and an AVX2/FMA twin (vec_dot_avx2.c) that computes the same
+ * the sum) and a SIMD twin (vec_dot_avx2.c, vec_dot_neon.c) that computes the same
  * integer block sums exactly and differs only in the order of float
  * accumulation. The AVX2 "multi" kernels (32-value block types) take one
  * weight row and up to VEC_DOT_MAX_NY activation rows, decoding each
@@ -45,6 +45,14 @@ VecDotFn vec_dot_ref_get(uint32_t t);
  * f16c); NULL where t has none. */
 VecDotFn vec_dot_avx2_get(uint32_t t);
 VecDotMultiFn vec_dot_avx2_multi_get(uint32_t t);
+/*
+ * The NEON kernel for t (aarch64 builds, vec_dot_neon.c), with the
+ * dot-product extension's SDOT where dotprod (call with dotprod true only
+ * when cpu_features() has it); NULL where t has none. Like the AVX2 ones
+ * they compute the reference's integer block sums exactly and differ only
+ * in the order of float accumulation.
+ */
+VecDotFn vec_dot_neon_get(uint32_t t, bool dotprod);
 
 void vec_dot_f32_ref(int64_t n, float *s, const void *vw, const void *va);
 void vec_dot_f16_ref(int64_t n, float *s, const void *vw, const void *va);

@@ -1,4 +1,5 @@
-/* vec_f32.c: scalar references and run-time dispatch of the f32 primitives. */
+/* vec_f32.c: scalar references and run-time dispatch of the f32 primitives
+ * (AVX2 on x86, NEON on aarch64). */
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/vec_f32.h"
 
@@ -16,21 +17,36 @@ void vec_f32_axpy_ref(int64_t n, float alpha, const float *x, float *y)
 		y[i] += alpha * x[i];
 }
 
-static bool use_avx2(void)
+#if defined(CPU_KERNELS_X86)
+static bool use_simd(void)
 {
 	const CpuFeatures *f = cpu_features();
 	return f->avx2 && f->fma;
 }
+#define F32_SIMD(name) vec_f32_##name##_avx2
+#elif defined(CPU_KERNELS_NEON)
+static bool use_simd(void)
+{
+	return cpu_features()->neon;
+}
+#define F32_SIMD(name) vec_f32_##name##_neon
+#else
+static bool use_simd(void)
+{
+	return false;
+}
+#define F32_SIMD(name) vec_f32_##name##_ref
+#endif
 
 float vec_f32_dot(int64_t n, const float *a, const float *b)
 {
-	return use_avx2() ? vec_f32_dot_avx2(n, a, b) : vec_f32_dot_ref(n, a, b);
+	return use_simd() ? F32_SIMD(dot)(n, a, b) : vec_f32_dot_ref(n, a, b);
 }
 
 void vec_f32_axpy(int64_t n, float alpha, const float *x, float *y)
 {
-	if (use_avx2())
-		vec_f32_axpy_avx2(n, alpha, x, y);
+	if (use_simd())
+		F32_SIMD(axpy)(n, alpha, x, y);
 	else
 		vec_f32_axpy_ref(n, alpha, x, y);
 }

@@ -1020,9 +1020,15 @@ static void cli_spawn(CliRun *run, const char *const *args)
 	const char *argv[24];
 	size_t n = 0;
 
+	/* under a cross build's exe_wrapper (qemu-user, one word), so is the CLI */
+	const char *wrapper = getenv("MESON_EXE_WRAPPER");
+	if (wrapper && wrapper[0])
+		argv[n++] = wrapper;
 	argv[n++] = cli_path();
-	for (; *args; args++)
+	for (; *args; args++) {
+		ck_assert_uint_lt(n, 23);
 		argv[n++] = *args;
+	}
 	argv[n] = NULL;
 	ck_assert_int_eq(pipe2(po, O_CLOEXEC), 0);
 	ck_assert_int_eq(pipe2(pe, O_CLOEXEC), 0);
@@ -1033,7 +1039,7 @@ static void cli_spawn(CliRun *run, const char *const *args)
 		dup2(devnull, 0);
 		dup2(po[1], 1);
 		dup2(pe[1], 2);
-		execv(argv[0], (char *const *)argv);
+		execvp(argv[0], (char *const *)argv);
 		_exit(127);
 	}
 	close(po[1]);

@@ -399,6 +399,11 @@ static int gen_model(char *out, size_t size, const char *const *args)
 	const char *log = tmp_path("gen.log");
 	int n = 0, status;
 
+	/* a cross build's tests run under meson's exe_wrapper (qemu-user), which
+	 * meson names here; so must the child (one word: cross/aarch64.ini's) */
+	const char *wrapper = getenv("MESON_EXE_WRAPPER");
+	if (wrapper && wrapper[0])
+		argv[n++] = wrapper;
 	argv[n++] = lab_path();
 	argv[n++] = "gen-model";
 	for (; *args; args++) {
@@ -414,7 +419,7 @@ static int gen_model(char *out, size_t size, const char *const *args)
 			_exit(127);
 		dup2(fd, 1);
 		dup2(fd, 2);
-		execv(argv[0], (char *const *)argv);
+		execvp(argv[0], (char *const *)argv);
 		_exit(127);
 	}
 	ck_assert_int_eq(waitpid(pid, &status, 0), pid);

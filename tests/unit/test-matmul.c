@@ -20,6 +20,7 @@
 #include "kernels/cpu/repack.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vec_dot.h"
+#include "kernels/cpu/vec_f32.h"
 #include "kernels/wtype.h"
 #include "tests/unit/testutil.h"
 
@@ -29,10 +30,75 @@ static const uint32_t all_types[] = {
 };
 #define N_TYPES ((int)(sizeof(all_types) / sizeof(all_types[0])))
 
-static bool simd_available(void)
+/*
+ * The SIMD kernel sets this build has and this CPU may run now: x86 set 0
+ * AVX2; aarch64 set 0 NEON, set 1 NEON with the dot-product extension.
+ * Returns set i's name, or NULL where there is no set i (none at all with
+ * TURBOKV_NO_SIMD=1; no dotprod set with TURBOKV_NO_DOTPROD=1).
+ */
+#define N_SIMD_SETS 2
+static const char *simd_set(int i)
 {
 	const CpuFeatures *f = cpu_features();
-	return f->avx2 && f->fma && f->f16c;
+#if defined(CPU_KERNELS_X86)
+	return i == 0 && f->avx2 && f->fma && f->f16c ? "avx2" : NULL;
+#elif defined(CPU_KERNELS_NEON)
+	if (i == 0)
+		return f->neon ? "neon" : NULL;
+	return i == 1 && f->neon && f->dotprod ? "neon+dotprod" : NULL;
+#else
+	(void)f;
+	(void)i;
+	return NULL;
+#endif
+}
+
+static bool simd_available(void)
+{
+	return simd_set(0) != NULL;
+}
+
+/* Set i's kernels (simd_set(i) not NULL); NULL where it has none for t. */
+static VecDotFn simd_dot(int i, uint32_t t)
+{
+#if defined(CPU_KERNELS_X86)
+	return vec_dot_avx2_get(t);
+#elif defined(CPU_KERNELS_NEON)
+	return vec_dot_neon_get(t, i == 1);
+#else
+	return NULL;
+#endif
+}
+
+/* Whether set i promises the reference's floats bit for bit (the NEON
+ * kernels: vec_dot_neon_impl.h); else float rounding. */
+static bool simd_exact(int i)
+{
+#if defined(CPU_KERNELS_NEON)
+	return true;
+#else
+	return false;
+#endif
+}
+
+static VecDotMultiFn simd_multi(int i, uint32_t t)
+{
+#if defined(CPU_KERNELS_X86)
+	return vec_dot_avx2_multi_get(t);
+#else
+	return NULL;
+#endif
+}
+
+static RepackTileFn simd_tile(int i, uint32_t t)
+{
+#if defined(CPU_KERNELS_X86)
+	return repack_tile_avx2_get(t);
+#elif defined(CPU_KERNELS_NEON)
+	return repack_tile_neon_get(t, i == 1);
+#else
+	return NULL;
+#endif
 }
 
 static void put_half(uint8_t *p, float v)
@@ -159,18 +225,28 @@ static double min_term_slack(uint32_t t, const uint8_t *w, const void *act, int6
 	return slack;
 }
 
+/*
+ * Every weight type's reference against the float64 dot product of the
+ * dequantized rows, and each SIMD set's kernel against the reference
+ * within 1e-5 of sum |terms| (float accumulation order); the largest
+ * differences seen are printed (docs/benchmarks.md records them).
+ */
 START_TEST(test_vec_dot)
 {
 	uint32_t t = all_types[_i];
 	uint64_t rng = test_seed() ^ (0x1000u + t);
 	const WTypeInfo *info = wtype_info(t);
 	VecDotFn ref = vec_dot_ref_get(t);
-	VecDotFn fast = simd_available() ? vec_dot_avx2_get(t) : NULL;
+	VecDotFn fast[N_SIMD_SETS];
+	double max_abs[N_SIMD_SETS] = { 0 }, max_rel[N_SIMD_SETS] = { 0 };
 	const int64_t lens[] = { 256, 512, 1536, 2304 };
 
 	ck_assert_ptr_nonnull(ref);
-	if (!fast)
-		fprintf(stderr, "%s: no AVX2 kernel checked\n", info->name);
+	for (int k = 0; k < N_SIMD_SETS; k++) {
+		fast[k] = simd_set(k) ? simd_dot(k, t) : NULL;
+		if (!fast[k] && (k == 0 || simd_set(k)))
+			fprintf(stderr, "%s: no %s kernel checked\n", info->name, simd_set(k) ? simd_set(k) : "SIMD");
+	}
 	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
 		int64_t n = lens[li];
 		for (int rep = 0; rep < 20; rep++) {
@@ -193,12 +269,20 @@ START_TEST(test_vec_dot)
 			ref(n, &s_ref, w, act);
 			ck_assert_msg(fabs(s_ref - expect) <= tol, "%s n=%ld: ref %.9g, dequantized %.9g (tol %.3g)",
 				      info->name, (long)n, s_ref, expect, tol);
-			if (fast) {
+			for (int k = 0; k < N_SIMD_SETS; k++) {
+				if (!fast[k])
+					continue;
 				float s_fast = NAN;
-				fast(n, &s_fast, w, act);
-				ck_assert_msg(fabs(s_fast - s_ref) <= 1e-5 * abs_sum + 1e-30,
-					      "%s n=%ld: avx2 %.9g, ref %.9g (sum|terms| %.3g)", info->name,
-					      (long)n, s_fast, s_ref, abs_sum);
+				fast[k](n, &s_fast, w, act);
+				double d = fabs((double)s_fast - (double)s_ref);
+				ck_assert_msg(d <= 1e-5 * abs_sum + 1e-30, "%s n=%ld: %s %.9g, ref %.9g (sum|terms| %.3g)",
+					      info->name, (long)n, simd_set(k), s_fast, s_ref, abs_sum);
+				if (simd_exact(k))
+					ck_assert_msg(memcmp(&s_fast, &s_ref, sizeof(float)) == 0,
+						      "%s n=%ld: %s %.9g is not the reference's %.9g", info->name, (long)n,
+						      simd_set(k), s_fast, s_ref);
+				max_abs[k] = fmax(max_abs[k], d);
+				max_rel[k] = fmax(max_rel[k], d / (abs_sum + 1e-30));
 			}
 			free(w);
 			free(x);
@@ -207,6 +291,10 @@ START_TEST(test_vec_dot)
 			free(act);
 		}
 	}
+	for (int k = 0; k < N_SIMD_SETS; k++)
+		if (fast[k])
+			fprintf(stderr, "vec_dot %-5s %-12s vs ref: max |diff| %.3g, max |diff| / sum|terms| %.3g\n",
+				info->name, simd_set(k), max_abs[k], max_rel[k]);
 }
 END_TEST
 
@@ -254,7 +342,7 @@ START_TEST(test_vec_dot_multi)
 {
 	uint32_t t = all_types[_i];
 	uint64_t rng = test_seed() ^ (0x2000u + t);
-	VecDotMultiFn multi = simd_available() ? vec_dot_avx2_multi_get(t) : NULL;
+	VecDotMultiFn multi = simd_available() ? simd_multi(0, t) : NULL;
 
 	if (!multi)
 		return;
@@ -454,8 +542,8 @@ START_TEST(test_quant_q8_0_hand)
 	ck_assert_uint_eq(b1[1].s, 0x39FC);
 
 	if (simd_available()) {
-		quant_act_q8_0_avx2(x, b0s, 64);
-		quant_act_q8_1_avx2(x, b1s, 64);
+		quant_act_row(WTYPE_Q8_0, x, b0s, 64, true);
+		quant_act_row(WTYPE_Q8_1, x, b1s, 64, true);
 		ck_assert_mem_eq(b0s, b0, sizeof(b0));
 		ck_assert_mem_eq(b1s, b1, sizeof(b1));
 	}
@@ -499,7 +587,7 @@ START_TEST(test_quant_q8_K_hand)
 	ck_assert_int_eq(b[1].bsums[2], 0);
 
 	if (simd_available()) {
-		quant_act_q8_K_avx2(x, bs, 512);
+		quant_act_row(WTYPE_Q8_K, x, bs, 512, true);
 		ck_assert_mem_eq(bs, b, sizeof(b));
 	}
 }
@@ -522,8 +610,8 @@ START_TEST(test_quant_zero_block)
 }
 END_TEST
 
-/* AVX2 quantizers produce the reference's bytes, ties included. */
-START_TEST(test_quant_avx2_identical)
+/* The SIMD quantizers (AVX2, NEON) produce the reference's bytes, ties included. */
+START_TEST(test_quant_simd_identical)
 {
 	uint64_t rng = test_seed() ^ 0x4000u;
 	const int64_t n = 4096;
@@ -570,7 +658,7 @@ END_TEST
 
 /*
  * Repacked Q4_K (layout X4): the layout holds the same rows (gathered back
- * byte for byte), the AVX2 tile kernel equals the reference tile within
+ * byte for byte), the SIMD tile kernels equal the reference tile within
  * float rounding for 1..4 tokens, and matmul() over the repacked copy
  * equals matmul_ref() over the row-major original for 1..3 threads (the
  * scalar path bit for bit).
@@ -582,11 +670,13 @@ START_TEST(test_repack_q4_K)
 	const int64_t rows_list[] = { 4, 12, 40 };
 	const int64_t cols_list[] = { 256, 2304, 2048 };
 	const int64_t toks[] = { 1, 3, 4, 9 };
-	RepackTileFn ref = repack_tile_ref_get(t), fast = simd_available() ? repack_tile_avx2_get(t) : NULL;
+	RepackTileFn ref = repack_tile_ref_get(t), fast[N_SIMD_SETS];
 
 	ck_assert_ptr_nonnull(ref);
-	if (!fast)
-		fprintf(stderr, "repack Q4_K: no AVX2 tile kernel checked\n");
+	for (int k = 0; k < N_SIMD_SETS; k++)
+		fast[k] = simd_set(k) ? simd_tile(k, t) : NULL;
+	if (!fast[0])
+		fprintf(stderr, "repack Q4_K: no SIMD tile kernel checked\n");
 	for (size_t ri = 0; ri < 3; ri++) {
 		int64_t rows = rows_list[ri], cols = cols_list[ri];
 		size_t stride = wtype_row_bytes(t, (uint64_t)cols);
@@ -620,15 +710,21 @@ START_TEST(test_repack_q4_K)
 			for (int j = 0; j < nt; j++)
 				for (int i = 0; i < REPACK_GROUP; i++)
 					ck_assert_mem_eq(&tr[j * REPACK_GROUP + i], &yr[j * rows + i], sizeof(float));
-			if (fast) {
-				fast(cols, px.data, act, as, nt, tf, REPACK_GROUP);
+			for (int k = 0; k < N_SIMD_SETS; k++) {
+				if (!fast[k])
+					continue;
+				fast[k](cols, px.data, act, as, nt, tf, REPACK_GROUP);
 				for (int j = 0; j < nt; j++)
 					for (int i = 0; i < REPACK_GROUP; i++)
 						ck_assert_msg(fabs(tf[j * REPACK_GROUP + i] - tr[j * REPACK_GROUP + i]) <=
 								      1e-5 * abs_sum[j * rows + i] + 1e-30,
-							      "tile cols=%ld nt=%d row %d tok %d: avx2 %.9g ref %.9g",
-							      (long)cols, nt, i, j, tf[j * REPACK_GROUP + i],
+							      "tile cols=%ld nt=%d row %d tok %d: %s %.9g ref %.9g",
+							      (long)cols, nt, i, j, simd_set(k), tf[j * REPACK_GROUP + i],
 							      tr[j * REPACK_GROUP + i]);
+				if (simd_exact(k))
+					for (int j = 0; j < nt; j++)
+						ck_assert_mem_eq(&tf[j * REPACK_GROUP], &tr[j * REPACK_GROUP],
+								 REPACK_GROUP * sizeof(float));
 			}
 			free(act);
 
@@ -675,6 +771,57 @@ START_TEST(test_repack_q4_K)
 }
 END_TEST
 
+/*
+ * The f32 primitives (vec_f32.h): the dispatched dot product against the
+ * reference within float rounding of sum |a_i b_i|, axpy within one
+ * rounding per element (the AVX2 one fuses; the NEON one is the
+ * reference's floats), with the scalar path the reference bit for bit.
+ */
+START_TEST(test_vec_f32)
+{
+	uint64_t rng = test_seed() ^ 0x6000u;
+	const int64_t lens[] = { 1, 3, 4, 7, 8, 15, 16, 17, 64, 100, 1000 };
+	double max_rel = 0.0;
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+		int64_t n = lens[li];
+		float *a = acts_random(n, &rng), *b = acts_random(n, &rng);
+		float *y0 = acts_random(n, &rng), *y1 = malloc((size_t)n * sizeof(float)),
+		      *y2 = malloc((size_t)n * sizeof(float));
+		double abs_sum = 0.0;
+		for (int64_t i = 0; i < n; i++)
+			abs_sum += fabs((double)a[i] * b[i]);
+		float r = vec_f32_dot_ref(n, a, b), f = vec_f32_dot(n, a, b);
+		ck_assert_msg(fabs((double)f - r) <= 1e-6 * abs_sum + 1e-30, "dot n=%ld: %.9g vs ref %.9g", (long)n, f, r);
+		max_rel = fmax(max_rel, fabs((double)f - r) / (abs_sum + 1e-30));
+		memcpy(y1, y0, (size_t)n * sizeof(float));
+		memcpy(y2, y0, (size_t)n * sizeof(float));
+		vec_f32_axpy_ref(n, 0.37f, a, y1);
+		vec_f32_axpy(n, 0.37f, a, y2);
+		for (int64_t i = 0; i < n; i++)
+			ck_assert_msg(fabsf(y2[i] - y1[i]) <= 2e-7f * (fabsf(y0[i]) + fabsf(0.37f * a[i])) + 1e-30f,
+				      "axpy n=%ld [%ld]: %.9g vs ref %.9g", (long)n, (long)i, y2[i], y1[i]);
+#if defined(CPU_KERNELS_NEON)
+		if (simd_available())
+			ck_assert_mem_eq(y2, y1, (size_t)n * sizeof(float));
+#endif
+		cpu_features_disable_simd(true);
+		float s = vec_f32_dot(n, a, b);
+		memcpy(y2, y0, (size_t)n * sizeof(float));
+		vec_f32_axpy(n, 0.37f, a, y2);
+		cpu_features_disable_simd(false);
+		ck_assert_mem_eq(&s, &r, sizeof(float));
+		ck_assert_mem_eq(y2, y1, (size_t)n * sizeof(float));
+		free(a);
+		free(b);
+		free(y0);
+		free(y1);
+		free(y2);
+	}
+	fprintf(stderr, "vec_f32_dot %s vs ref: max |diff| / sum|terms| %.3g\n", simd_set(0) ? simd_set(0) : "scalar",
+		max_rel);
+}
+END_TEST
+
 /* TURBOKV_NO_SIMD=1 turns the fast paths off from the first query on;
  * needs a fresh process, so only under Check's default fork mode. */
 START_TEST(test_no_simd_env)
@@ -684,9 +831,31 @@ START_TEST(test_no_simd_env)
 		return;
 	setenv("TURBOKV_NO_SIMD", "1", 1);
 	const CpuFeatures *f = cpu_features();
-	ck_assert(!f->avx2 && !f->fma && !f->f16c);
+	ck_assert(!f->avx2 && !f->fma && !f->f16c && !f->neon && !f->dotprod);
 	cpu_features_disable_simd(false);
 	unsetenv("TURBOKV_NO_SIMD");
+}
+END_TEST
+
+/* TURBOKV_NO_DOTPROD=1 leaves the dot-product extension out and keeps
+ * NEON (and x86's features as they are); fork mode only, as above. */
+START_TEST(test_no_dotprod_env)
+{
+	const char *fork_mode = getenv("CK_FORK");
+	if (fork_mode && strcmp(fork_mode, "no") == 0)
+		return;
+	setenv("TURBOKV_NO_DOTPROD", "1", 1);
+	const CpuFeatures *f = cpu_features();
+	ck_assert(!f->dotprod);
+#if defined(CPU_KERNELS_NEON)
+	ck_assert(f->neon);
+	ck_assert_ptr_null(simd_set(1));
+	cpu_features_disable_dotprod(false);
+	/* where the CPU has SDOT (qemu's default CPU does), it comes back */
+	fprintf(stderr, "cpu: neon %d, dotprod %d (HWCAP_ASIMDDP)\n", cpu_features()->neon, cpu_features()->dotprod);
+#endif
+	cpu_features_disable_dotprod(false);
+	unsetenv("TURBOKV_NO_DOTPROD");
 }
 END_TEST
 
@@ -700,11 +869,13 @@ int main(void)
 	tcase_add_test(tq, test_quant_q8_0_hand);
 	tcase_add_test(tq, test_quant_q8_K_hand);
 	tcase_add_test(tq, test_quant_zero_block);
-	tcase_add_test(tq, test_quant_avx2_identical);
+	tcase_add_test(tq, test_quant_simd_identical);
 	tcase_add_test(tq, test_act_types);
 	tcase_add_test(tq, test_no_simd_env);
+	tcase_add_test(tq, test_no_dotprod_env);
 	tcase_add_loop_test(tv, test_vec_dot, 0, N_TYPES);
 	tcase_add_loop_test(tv, test_vec_dot_multi, 0, N_TYPES);
+	tcase_add_test(tv, test_vec_f32);
 	tcase_set_timeout(tm, 120);
 	tcase_add_loop_test(tm, test_matmul_threads, 0, N_TYPES);
 	tcase_add_test(tm, test_matmul_group);
