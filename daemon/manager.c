@@ -386,9 +386,17 @@ static int manager_setup_kv(Manager *m)
 	Error err = { 0 };
 	int r;
 
+	/*
+	 * A preset (--kv small, or no --kv: default) is its spec, or its GPU
+	 * spec on a GPU (the GPU kernels lack pk and centered keys so far);
+	 * the spec in use is what the daemon reports and saves.
+	 */
+	const KvPreset *preset = kvspec_preset(m->config->kv_spec_default ? "default" : m->config->kv_spec);
 	m->kv_spec = m->config->kv_spec;
-	if (m->config->kv_spec_default && !backend_is_host(m->backend))
-		m->kv_spec = KV_DEFAULT_SPEC_GPU; /* the GPU kernels lack centered keys (+c) so far */
+	if (preset)
+		m->kv_spec = backend_is_host(m->backend) ? preset->spec : preset->spec_gpu;
+	if (preset && !m->config->kv_spec_default)
+		log_info("--kv %s: %s", preset->name, m->kv_spec);
 	r = kvplan_from_text(m->kv_spec, mc->n_layers, mc->n_kv_heads, mc->head_dim, &plan, &err);
 	if (r != 0) {
 		log_error("--kv %s: %s", m->kv_spec, err.msg[0] ? err.msg : strerror(-r));

@@ -31,6 +31,7 @@ typedef enum KvFormat {
 	KV_FORMAT_Q4_0 = 3, /* d / 32 ggml block_q4_0 */
 	KV_FORMAT_TQ = 4,   /* a TurboQuant code record (kernels/tq_layout.h) */
 	KV_FORMAT_PK = 5,   /* pair-coded keys: per-block columns (kernels/kv_pk_layout.h) */
+	KV_FORMAT_PQ = 6,   /* a PolarQuant row (kernels/kv_pq_layout.h) */
 } KvFormat;
 
-#define KV_FORMAT_COUNT (KV_FORMAT_PK + 1)
+#define KV_FORMAT_COUNT (KV_FORMAT_PQ + 1)

@@ -49,8 +49,6 @@ static int check_shape(const KvCacheShape *s, Error *err)
 	if (s->n_layers <= 0 || s->n_heads <= 0 || s->n_kv_heads <= 0 || s->head_dim <= 0 ||
 	    s->capacity <= 0 || s->n_heads % s->n_kv_heads)
 		return error_set(err, -EINVAL, "bad cache shape");
-	if (s->window > 0)
-		return error_set(err, -EINVAL, "the GPU KV cache has no sliding-window layers yet");
 	/* a warp's lanes split a head vector: dims lane, lane + 32, ... */
 	if (s->head_dim % 32 || s->head_dim > KVK_MAX_DIM)
 		return error_set(err, -EINVAL,
@@ -112,7 +110,8 @@ static int layer_build(CudaKvCache *c, int layer, Error *err)
 	int r;
 	if (c->f32) {
 		CudaKvShape sh = { .n_seqs = 1, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
-				   .dim = s->head_dim, .capacity = s->capacity };
+				   .dim = s->head_dim, .capacity = s->capacity,
+				   .window = kvcache_layer_window(s, layer) };
 		CudaKvSide side = { .format = KV_FORMAT_F32 };
 		r = cuda_kv_new(&sh, &side, &side, &c->layers[layer], e.msg, sizeof(e.msg));
 	} else {

@@ -80,6 +80,7 @@ int cuda_kv_new_like(const KvCache *cpu, int layer, int n_seqs, int64_t capacity
 			.n_kv_heads = cpu->shape.n_kv_heads,
 			.dim = cpu->shape.head_dim,
 			.capacity = capacity,
+			.window = kvcache_layer_window(&cpu->shape, layer),
 		};
 		char msg[256] = "";
 		r = cuda_kv_new(&shape, &sides[0], &sides[1], ret, msg, sizeof(msg));

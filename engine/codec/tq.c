@@ -765,8 +765,14 @@ static float stream_scale(const TqCodec *c, const uint8_t *code, bool hi)
 
 void tq_decode(const TqCodec *c, const uint8_t *code, float *x)
 {
-	const TqLayout *L = &c->layout;
 	float v[TQ_MAX_DIM]; /* (dim,) rotated domain */
+	tq_decode_rotated(c, code, v);
+	tq_output_finish(c, v, x);
+}
+
+void tq_decode_rotated(const TqCodec *c, const uint8_t *code, float *v)
+{
+	const TqLayout *L = &c->layout;
 
 	if (L->n_hi > 0)
 		tq_unpack_scaled(code + L->off_hi, L->bits_hi, c->cb_hi->centroids, L->n_hi,
@@ -796,8 +802,6 @@ void tq_decode(const TqCodec *c, const uint8_t *code, float *x)
 				v[j] += gk * t[j];
 		}
 	}
-	for (int g = 0; g < c->n_groups; g++)
-		group_unrotate(&c->groups[g], v + c->groups[g].off, x);
 }
 
 void tq_query_prepare(const TqCodec *c, const float *q, TqQuery *query)

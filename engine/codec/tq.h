@@ -78,7 +78,9 @@
  * Estimate (the paper's dequantizer, in the rotated domain):
  *   <q, x~> = sum_g s_g sum_{i in g} (Pq)_i c[idx_i] + gamma K <S Pq, z>
  *   x~      = P^T (y~ + gamma K S^T z)
- * with P the block rotation above. Values (not ranked) should not use QJL.
+ * with P the block rotation above. Values may use QJL too (fmt_tq.c: the
+ * unbiased residual estimate accumulated per value row); whether it pays
+ * against one more MSE bit is measured (docs/benchmarks.md, "Issue 25").
  *
  * == Coded vector: tq_code_bytes() bytes, no alignment, little-endian ==
  *
@@ -326,6 +328,15 @@ void tq_inner_product_parts(const TqCodec *c, const TqQuery *query, const uint8_
  */
 void tq_value_axpy(const TqCodec *c, float a, const uint8_t *code, float *acc);
 void tq_output_finish(const TqCodec *c, const float *acc, float *x);
+
+/*
+ * The reconstruction in the rotated domain, v (dim,) = y~ + gamma K S^T z
+ * with QJL (y~ alone without), so that tq_decode() is tq_output_finish()
+ * of it. With a Gaussian S (+qjl) the QJL term is an unbiased estimate of
+ * the residual: E_S[v] = P x exactly, up to the fp16 norms, which is what
+ * QJL on values (`tq<B>+qjl` as a V type) accumulates.
+ */
+void tq_decode_rotated(const TqCodec *c, const uint8_t *code, float *v);
 
 /* ---- the kernel-side view ---- */
 

@@ -17,6 +17,17 @@
  * the first append (the prompt's first batch; fix()) and kept from then
  * on, rewinds included; the codec is built then.
  *
+ * == QJL on values (`tq<B>+qjl` / `+sqjl` as a V type) ==
+ *
+ * A value row's reconstruction includes the QJL estimate of its residual,
+ * y~ + gamma K S^T z (tq_decode_rotated(): unbiased over S for +qjl), so
+ * the attention output is an unbiased estimate of the exact one's
+ * rotated accumulator. The residual has no per-query shortcut for values
+ * (they are summed, not dotted with a query), so each row is read back
+ * once per block with its S^T z (O(m d) for +qjl, O(d log d) for +sqjl)
+ * and added to every head's accumulator: slower than MSE values. CPU
+ * only (the GPU kernels read MSE codes).
+ *
  * == Session record (tag "TQD2") ==
  *
  * ("TQD1", of session files before version 6, was the 176-byte
@@ -98,11 +109,6 @@ static int tq_parse(const char *name, KvRole role, int dim, KvType *ret, Error *
 	if (tq_desc_from_name(name, TQ_MAX_DIM, &desc, &tq_err) != 0)
 		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%s': %s", name,
 				 tq_err.msg);
-	if ((desc.flags & TQ_FLAG_QJL) && role == KV_ROLE_V)
-		return error_set(err, KVTYPE_E_ROLE,
-				 "V type '%s': +qjl is for keys only (values are averaged, "
-				 "not ranked); use an MSE type such as tq%d for values",
-				 name, desc.bits + 1);
 	if (dim > TQ_MAX_DIM || tq_desc_from_name(name, dim, &desc, &tq_err) != 0)
 		return error_set(err, KVTYPE_E_DIM, "KV type '%s' at head_dim %d: %s", name, dim,
 				 dim > TQ_MAX_DIM ? "head_dim too large" : tq_err.msg);
@@ -138,9 +144,9 @@ static int tq_supports(const KvType *t, KvRole role, const KvCacheShape *shape, 
 {
 	if (t->tq.dim != shape->head_dim)
 		return error_set(err, KVFORMAT_E_UNSUPPORTED, "TQ dim %d", t->tq.dim);
-	if (role == KV_ROLE_V && (t->tq.flags & TQ_FLAG_QJL))
+	if (dev == KV_DEVICE_CUDA && role == KV_ROLE_V && (t->tq.flags & TQ_FLAG_QJL))
 		return error_set(err, KVFORMAT_E_UNSUPPORTED,
-				 "QJL on values (values are averaged, not ranked)");
+				 "QJL on values runs on the CPU only (the GPU kernels read MSE values)");
 	if (dev == KV_DEVICE_CUDA && t->tq.qjl_m > KVK_MAX_QJL_M)
 		return error_set(err, KVFORMAT_E_UNSUPPORTED,
 				 "the %s type has %d QJL rows, the GPU takes at most %d",
@@ -257,6 +263,27 @@ static void tq_query(const void *st, const float *q, int G, void *prep)
 	}
 }
 
+/* Values: the row kernels, or with QJL each row read back whole (see the top). */
+static void tq_values(const void *st, const uint8_t *region, const float *p, int ld, int G, int n,
+		      float *acc, int acc_ld)
+{
+	const TqSide *s = st;
+	if (!(s->type.tq.flags & TQ_FLAG_QJL)) {
+		kvformat_row_values(st, region, p, ld, G, n, acc, acc_ld);
+		return;
+	}
+	int d = s->type.dim;
+	float v[TQ_MAX_DIM];
+	for (int t = 0; t < n; t++) {
+		tq_decode_rotated(s->codec, region + (size_t)t * s->k.rows.row_bytes, v);
+		for (int g = 0; g < G; g++) {
+			float w = p[(size_t)g * ld + t], *a = acc + (size_t)g * acc_ld;
+			for (int i = 0; i < d; i++)
+				a[i] += w * v[i];
+		}
+	}
+}
+
 static void tq_finish(const void *st, const float *acc, float *out)
 {
 	const TqSide *s = st;
@@ -360,7 +387,7 @@ const KvFormatOps kvfmt_tq = {
 	.query_bytes = tq_query_bytes,
 	.query = tq_query,
 	.scores = kvformat_row_scores,
-	.values = kvformat_row_values,
+	.values = tq_values,
 	.finish = tq_finish,
 	.load_row = tq_load_row,
 	.record_bytes = tq_record_bytes,

@@ -16,10 +16,11 @@ static const KvFormatOps *const registry[KV_FORMAT_COUNT] = {
 	[KV_FORMAT_Q4_0] = &kvfmt_plain,
 	[KV_FORMAT_TQ] = &kvfmt_tq,
 	[KV_FORMAT_PK] = &kvfmt_pk,
+	[KV_FORMAT_PQ] = &kvfmt_pq,
 };
 
 /* The distinct formats, in the order names are tried. */
-static const KvFormatOps *const by_name[] = { &kvfmt_plain, &kvfmt_tq, &kvfmt_pk };
+static const KvFormatOps *const by_name[] = { &kvfmt_plain, &kvfmt_tq, &kvfmt_pk, &kvfmt_pq };
 
 const KvFormatOps *kvformat_of(const KvType *t)
 {

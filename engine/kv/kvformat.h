@@ -10,6 +10,7 @@
  *                   channels ("o"), _nc, _r1
  *   fmt_centered.c  +c: any key format above, storing k - mu
  *   fmt_pk.c        pair-coded keys (kvpk.h), centered by themselves
+ *   fmt_pq.c        PolarQuant (kvpq.h), keys and values
  *
  * and one line of the registry (kvformat.c). The store (kvstore.c) owns
  * blocks, splitting, combining and memory accounting and calls these
@@ -294,3 +295,4 @@ extern const KvFormatOps kvfmt_plain;
 extern const KvFormatOps kvfmt_tq;
 extern const KvFormatOps kvfmt_centered;
 extern const KvFormatOps kvfmt_pk;
+extern const KvFormatOps kvfmt_pq;

@@ -181,7 +181,7 @@ void kvquant_hadamard(float *x, int d)
 
 bool kvquant_supports(const KvType *t)
 {
-	return t->format != KV_FORMAT_TQ && t->format != KV_FORMAT_PK;
+	return t->format != KV_FORMAT_TQ && t->format != KV_FORMAT_PK && t->format != KV_FORMAT_PQ;
 }
 
 /* x (dim,) -> stored, no rotation. */
@@ -202,6 +202,7 @@ static void store_plain(const KvType *t, const float *x, void *ret)
 		return;
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK:
+	case KV_FORMAT_PQ:
 		break;
 	}
 	assert(!"kvquant: not a block type");
@@ -239,6 +240,7 @@ void kvquant_load(const KvType *t, const void *stored, float *ret)
 		break;
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK:
+	case KV_FORMAT_PQ:
 		return;
 	}
 	if (t->hadamard)
@@ -266,6 +268,7 @@ float kvquant_score(const KvType *t, const float *q_prepared, const void *k)
 		return kvquant_score_q4_0(q_prepared, k, t->dim);
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK:
+	case KV_FORMAT_PQ:
 		break;
 	}
 	assert(!"kvquant: not a block type");
@@ -289,6 +292,7 @@ void kvquant_axpy(const KvType *t, float a, const void *v, float *acc)
 		return;
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK:
+	case KV_FORMAT_PQ:
 		break;
 	}
 	assert(!"kvquant: not a block type");

@@ -34,7 +34,7 @@ static int base_type_from_name(const char *name, KvRole role, int dim, KvType *r
 	return error_set(err, KVTYPE_E_UNKNOWN,
 			 "unknown KV type '%s' (known: f32, f16, q8_0, q4_0, each with "
 			 "optional +h, and tq<B>[.5][+qjl][_nc], B 1..8; keys may add +c, "
-			 "or be pk<B>)",
+			 "or be pk<B>; pq, pq<B>[f])",
 			 name);
 }
 
@@ -219,9 +219,35 @@ static int parse_item(const char *item, int len, bool first_item, KvSpecRule *ru
 	return parse_pair(eq + 1, end, rule, item, len, err);
 }
 
+/* ---- presets ---- */
+
+static const KvPreset presets[] = {
+	{ "default", KV_DEFAULT_SPEC, KV_DEFAULT_SPEC_GPU,
+	  "the daemon's default, 4.5 bits per value" },
+	{ "small", KV_SMALL_SPEC, KV_SMALL_SPEC_GPU,
+	  "6x smaller than f16 (<= 2.67 bits per value)" },
+	{ "exact", KV_EXACT_SPEC, KV_EXACT_SPEC, "f16-level fidelity, 8.25 bits per value" },
+};
+
+const KvPreset *kvspec_preset(const char *name)
+{
+	for (size_t i = 0; name && i < ARRAY_SIZE(presets); i++)
+		if (strcmp(name, presets[i].name) == 0)
+			return &presets[i];
+	return NULL;
+}
+
+const KvPreset *kvspec_preset_at(size_t i)
+{
+	return i < ARRAY_SIZE(presets) ? &presets[i] : NULL;
+}
+
 int kvspec_parse(const char *text, KvSpec *ret, Error *err)
 {
 	_cleanup_(freep) KvSpec *spec = NULL;
+	const KvPreset *preset = kvspec_preset(text);
+	if (preset)
+		text = preset->spec;
 	size_t len = text ? strnlen(text, KVSPEC_MAX_LEN + 1) : 0;
 
 	if (len == 0)

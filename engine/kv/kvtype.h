@@ -21,12 +21,14 @@
  *   tq...     tq.h's coded vector, tq_code_bytes()   tq4 4.25, tq3 3.25 ...
  *   pk<B>     B d / 8 code bytes + ceil(3 d / 128)   pk4 4.25, pk2.5 2.75
  *             of per-block side data (kvpk.h)
+ *   pq...     PolarQuant rows (kvpq.h, fmt_pq.c)     pq 3.875, pq4f 3.25,
+ *                                                    pq3f 2.25
  *
  * q8_0 and q4_0 need d a multiple of 32 (the ggml block size); +h needs d
  * a power of two. TQ names are tq.h's (tq_desc_from_name): tq1..tq8,
  * tq<B>.5 (half the coordinates at B+1 bits), tq<B>h<n>, an "o" suffix
- * (outlier channels), "+qjl" / "+sqjl" (keys only: values are averaged,
- * not ranked, turboquant.md section 3) and "_nc". A TQ type's TqDesc has
+ * (outlier channels), "+qjl" / "+sqjl" (turboquant.md section 3; on
+ * values the unbiased residual estimate of v, fmt_tq.c, CPU only) and "_nc". A TQ type's TqDesc has
  * tq.c's default seeds; the KV store derives per (layer, kv-head, K/V)
  * seeds from it and records them with the codes.
  *
@@ -116,6 +118,7 @@
 #include "base/util.h"
 #include "engine/codec/tq.h"
 #include "kernels/kv_format.h"
+#include "kernels/kv_pq_layout.h"
 
 #define KVTYPE_NAME_MAX 32    /* longest type name, with NUL */
 #define KVSPEC_MAX_RULES 32   /* the default pair plus overrides */
@@ -125,7 +128,7 @@
 /* Module error codes (positive; -errno for system errors). */
 enum {
 	KVTYPE_E_UNKNOWN = 1, /* not a KV type name */
-	KVTYPE_E_ROLE,        /* a key-only type (+qjl, +c) given for values */
+	KVTYPE_E_ROLE,        /* a key-only type (+c, pk) given for values */
 	KVTYPE_E_DIM,         /* the type cannot store vectors of this head_dim */
 	KVTYPE_E_SYNTAX,      /* the spec does not follow the grammar */
 	KVTYPE_E_RANGE,       /* a layer range outside the model, or empty */
@@ -144,6 +147,44 @@ enum {
 #define KV_DEFAULT_SPEC "pk5:tq3.5_nc"
 #define KV_DEFAULT_SPEC_GPU "tq5_nc:tq3.5_nc"
 
+/*
+ * `--kv small`: chosen by measurement at <= 2.67 bits per value on
+ * SmolLM2-135M (docs/benchmarks.md, "Issue 25"). One pair for every
+ * layer, so that it fits every model (a layer range would not).
+ * KV_SMALL_SPEC_GPU: TurboQuant only (no pk kernels on the GPU), not
+ * measured for lack of a GPU.
+ */
+#define KV_SMALL_SPEC "pk2.75:tq2_nc"
+
+/*
+ * `--kv exact`: tq8 (8.25 bits per value) measures on the f16 noise floor
+ * (KLD 0.0034 against f16's 0.0034 at ctx 4096, docs/benchmarks.md
+ * "Issue 5"), on the CPU and the GPU.
+ */
+#define KV_EXACT_SPEC "tq8"
+#define KV_SMALL_SPEC_GPU "tq2.5_nc:tq2_nc"
+
+/*
+ * Named presets, so users need not learn the grammar: `--kv NAME` is the
+ * spec of the preset (kvspec_parse() takes the names wherever a spec is
+ * read), or its GPU spec where the cache lives on a GPU (the daemon).
+ *   default   KV_DEFAULT_SPEC, 4.5 bits per value
+ *   small     the best configuration measured at <= 2.67 bits per value
+ *             (6x smaller than f16; docs/benchmarks.md, "Issue 25")
+ *   exact     KV_EXACT_SPEC: f16-level fidelity at half f16's size
+ */
+typedef struct KvPreset {
+	const char *name;
+	const char *spec;     /* on the CPU */
+	const char *spec_gpu; /* where the cache is on a GPU (no pk, no +c there yet) */
+	const char *what;     /* one line for --help */
+} KvPreset;
+
+/* The preset called name, or NULL. */
+const KvPreset *kvspec_preset(const char *name);
+/* The presets in order, NULL past the last. */
+const KvPreset *kvspec_preset_at(size_t i);
+
 typedef enum KvRole {
 	KV_ROLE_K = 0,
 	KV_ROLE_V = 1,
@@ -157,6 +198,7 @@ typedef struct KvType {
 	int dim;       /* head_dim d */
 	TqDesc tq;     /* KV_FORMAT_TQ only (tq.c's default seeds) */
 	int code_bits; /* formats with a bit budget per head vector (pk: B d) */
+	KvPqShape pq;  /* KV_FORMAT_PQ only: levels and bits per level */
 } KvType;
 
 /* One layer of a resolved spec. */
@@ -193,7 +235,7 @@ typedef struct KvPlan {
 /*
  * The type called name, for vectors of dim values stored as role.
  * Returns 0, KVTYPE_E_UNKNOWN (also for a malformed TQ name),
- * KVTYPE_E_ROLE (+qjl, +sqjl or +c for values) or KVTYPE_E_DIM; err names
+ * KVTYPE_E_ROLE (+c or pk for values) or KVTYPE_E_DIM; err names
  * the token. *ret written only on success.
  */
 int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err);
@@ -219,7 +261,8 @@ double kvtype_bits_per_value(const KvType *t);
 /* ---- specs ---- */
 
 /*
- * Parse text by the grammar above. Checks every type name (TQ names
+ * Parse text by the grammar above, or the spec of the preset text names.
+ * Checks every type name (TQ names
  * against the largest head_dim, so names that need a particular dim are
  * only fully checked by kvspec_resolve) and the role of the V side.
  * Returns 0, KVTYPE_E_SYNTAX, KVTYPE_E_UNKNOWN or KVTYPE_E_ROLE with a

@@ -41,6 +41,7 @@ int kv_attn_rows_init(KvAttnRows *rows, KvFormat format, int dim)
 		return dim % QK4_0 ? -EINVAL : 0;
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
+	case KV_FORMAT_PQ: /* read by kv_attn_pq_*() only */
 		break;
 	}
 	return -EINVAL;
@@ -176,6 +177,7 @@ static float score_one_ref(const KvAttnRows *r, const KvAttnQuery *q, const uint
 	}
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
+	case KV_FORMAT_PQ: /* read by kv_attn_pq_*() only */
 		break;
 	}
 	/* TQ: tq_inner_product() term by term */
@@ -238,6 +240,7 @@ static void axpy_one_ref(const KvAttnRows *r, float a, const uint8_t *v, float *
 	}
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
+	case KV_FORMAT_PQ: /* read by kv_attn_pq_*() only */
 		break;
 	}
 	/* TQ: a s_g c[idx_i] per rotated coordinate */

@@ -59,6 +59,7 @@
 
 #include "kernels/kv_format.h"
 #include "kernels/kv_pk_layout.h"
+#include "kernels/kv_pq_layout.h"
 #include "kernels/tq_layout.h"
 
 #define KV_ATTN_PAD 32      /* int8 query streams are padded to this many values */
@@ -263,3 +264,46 @@ bool kv_attn_have_avx512vbmi(void); /* and VBMI: the pk kernel that unpacks code
  * (aarch64), else the references. */
 KvAttnScoresFn kv_attn_scores_get(void);
 KvAttnValuesFn kv_attn_values_get(void);
+
+/*
+ * PolarQuant rows (kernels/kv_pq_layout.h) as the pq kernels read them.
+ * cosv[l] / sinv[l] (l = level - 1): cos and sin of the 2^bits[l]
+ * centroids of that level, zero-padded to 1 << KVPQ_MAX_BITS floats (SIMD
+ * lookups load 8 or 16).
+ *
+ * Scores: the prepared query of a head is dim + n_1 2^b_1 floats: y = P q,
+ * then the level-1 table T1[p 2^b_1 + c] = cos_1[c] y[p] + sin_1[c] y[p + n_1]
+ * (a product, a product, a sum). For a key with codes c_l[p] and radii r:
+ *   s_1[p] = T1[p 2^b_1 + c_1[p]]                          p < n_1
+ *   s_l[p] = cos_l[c_l[p]] s_{l-1}[p] + sin_l[c_l[p]] s_{l-1}[p + n_l]
+ *   scores[g * ld + t] = scale * (sum_{p < n_L} r[p] s_L[p], summed in order)
+ * which is <P q, y~>: <q, x~> for x~ = P^T y~. Values: acc (G, acc_ld) +=
+ * p[g * ld + t] * y~_t, y~ read back top-down in the rotated domain
+ * (kv_pq_layout.h). The AVX2 twins compute the same products and sums in
+ * the same order (no fused multiply-add): bit for bit the references'
+ * (test-kvattn). No AVX-512 twin: not written, as no machine here could
+ * test it.
+ */
+typedef struct KvPqRows {
+	KvPqShape shape;
+	size_t row_bytes;
+	const float *cosv[KVPQ_MAX_LEVELS];
+	const float *sinv[KVPQ_MAX_LEVELS];
+} KvPqRows;
+
+typedef void (*KvAttnPqScoresFn)(const KvPqRows *keys, const float *prep, int G, const uint8_t *k,
+				 int n, float scale, float *scores, int ld);
+typedef void (*KvAttnPqValuesFn)(const KvPqRows *vals, const float *p, int ld, int G,
+				 const uint8_t *v, int n, float *acc, int acc_ld);
+/* Floats of one prepared query head: dim + n_1 2^b_1. */
+size_t kv_attn_pq_query_floats(const KvPqRows *keys);
+void kv_attn_pq_scores_ref(const KvPqRows *keys, const float *prep, int G, const uint8_t *k, int n,
+			   float scale, float *scores, int ld);
+void kv_attn_pq_values_ref(const KvPqRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			   int n, float *acc, int acc_ld);
+void kv_attn_pq_scores_avx2(const KvPqRows *keys, const float *prep, int G, const uint8_t *k, int n,
+			    float scale, float *scores, int ld);
+void kv_attn_pq_values_avx2(const KvPqRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			    int n, float *acc, int acc_ld);
+KvAttnPqScoresFn kv_attn_pq_scores_get(void);
+KvAttnPqValuesFn kv_attn_pq_values_get(void);

@@ -138,6 +138,7 @@ KV_INLINE __m256 row_get8(KvFormat f, const uint8_t *row, int c)
 	}
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
+	case KV_FORMAT_PQ: /* read by kv_attn_pq_*() only */
 		break;
 	}
 	return _mm256_setzero_ps();

@@ -150,6 +150,7 @@ K5_INLINE void plain_get32(KvFormat f, const uint8_t *row, int d, int i, __m512 
 	}
 	case KV_FORMAT_TQ:
 	case KV_FORMAT_PK: /* read by kv_attn_pk_scores_*() only */
+	case KV_FORMAT_PQ: /* read by kv_attn_pq_*() only */
 		break;
 	}
 	x[0] = x[1] = _mm512_setzero_ps();

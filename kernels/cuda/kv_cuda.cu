@@ -144,6 +144,12 @@ static __device__ __forceinline__ int64_t row_ctx(const KvcRows &r, int64_t row)
 	return r.pos0[row / r.n_tok] + row % r.n_tok + 1;
 }
 
+/* The first position a row of context ctx sees: ctx - W in a windowed layer (q - p < W), else 0. */
+static __device__ __forceinline__ int64_t row_lo(const KvcParams &p, int64_t ctx)
+{
+	return p.window > 0 && ctx > p.window ? ctx - p.window : 0;
+}
+
 /*
  * 1. prepare: one thread per (row, query head). qp (rows, n_heads, dim)
  * = the query in the keys' stored domain times 1/sqrt(dim); sq (rows,
@@ -273,10 +279,11 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 	}
 	__syncthreads();
 
-	const int64_t ctx = row_ctx(rows, row);
+	const int64_t ctx = row_ctx(rows, row), lo = row_lo(p, ctx);
 	const int64_t n_blk = (ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	const int64_t b0 = (int64_t)split * blocks_per_split;
 	const int64_t b1 = min(b0 + blocks_per_split, n_blk);
+	const int64_t lo_blk = lo / KV_BLOCK_TOKENS; /* blocks below it are outside the window */
 	const int seq = (int)(row / rows.n_tok);
 	const uint8_t *head_base =
 		p.base + ((int64_t)seq * p.n_kv_heads + kvh) * p.capacity_blocks * p.block_bytes;
@@ -292,10 +299,14 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 	}
 
 	for (int64_t b = b0 + warp; b < b1; b += WARPS) {
+		if (b < lo_blk)
+			continue; /* warp-uniform */
 		const uint8_t *blk = head_base + b * p.block_bytes;
 		const int n_valid = (int)min((int64_t)KV_BLOCK_TOKENS, ctx - b * KV_BLOCK_TOKENS);
+		/* the window's edge may cut this block: lanes below lo are masked (lo's lane is not) */
+		const bool valid = lane < n_valid && b * KV_BLOCK_TOKENS + lane >= lo;
 		float s[MG];
-		if (lane < n_valid) {
+		if (valid) {
 			const uint8_t *key = blk + (size_t)lane * p.kb;
 			switch (p.kfmt) {
 			case KV_FORMAT_TQ:
@@ -329,8 +340,8 @@ kvc_split_kernel(KvcParams p, KvcRows rows, int blocks_per_split, int n_splits, 
 			float bm = s[g];
 			for (int o = 16; o > 0; o /= 2)
 				bm = fmaxf(bm, __shfl_xor_sync(FULL_MASK, bm, o));
-			float nm = fmaxf(mx[g], bm); /* finite: lane 0 is always valid */
-			pr[g] = lane < n_valid ? __expf(s[g] - nm) : 0.0f;
+			float nm = fmaxf(mx[g], bm); /* finite: some lane is valid */
+			pr[g] = valid ? __expf(s[g] - nm) : 0.0f;
 			float sum = pr[g];
 			for (int o = 16; o > 0; o /= 2)
 				sum += __shfl_xor_sync(FULL_MASK, sum, o);

@@ -62,6 +62,12 @@ typedef struct CudaKvShape {
 	int n_kv_heads;   /* n_heads / n_kv_heads <= CUDA_KV_MAX_G */
 	int dim;          /* head_dim: a multiple of 32, <= KVK_MAX_DIM */
 	int64_t capacity; /* tokens per sequence */
+	/*
+	 * Sliding window W of the layer, 0: none. The query at q sees p
+	 * with q - p < W (engine/kv/kvcache.h). Masked only: the device
+	 * keeps every block of the capacity.
+	 */
+	int64_t window;
 } CudaKvShape;
 
 /* One side (K or V) of the layer. */

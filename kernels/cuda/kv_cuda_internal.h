@@ -14,6 +14,7 @@
 typedef struct KvcParams {
 	int n_heads, n_kv_heads, dim, group; /* group: query heads per kv-head */
 	int64_t capacity_blocks;
+	int64_t window;                      /* CudaKvShape.window: 0, or the layer's W */
 	uint32_t block_bytes, kb, vb;        /* bytes per block, K row, V row */
 	int kfmt, vfmt;
 	bool khad, vhad;

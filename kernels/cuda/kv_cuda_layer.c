@@ -113,7 +113,7 @@ int cuda_kv_new(const CudaKvShape *sh, const CudaKvSide *k, const CudaKvSide *v,
 	if (sh->n_seqs < 1 || sh->n_seqs > CUDA_KV_MAX_SEQS || sh->n_kv_heads < 1 ||
 	    sh->n_heads < sh->n_kv_heads || sh->n_heads % sh->n_kv_heads ||
 	    sh->n_heads / sh->n_kv_heads > CUDA_KV_MAX_G || sh->dim < 32 || sh->dim % 32 ||
-	    sh->dim > KVK_MAX_DIM || sh->capacity < 1) {
+	    sh->dim > KVK_MAX_DIM || sh->capacity < 1 || sh->window < 0) {
 		set_msg(msg, msg_size,
 			"GPU KV cache: unsupported shape (%d heads, %d kv-heads, head_dim %d, %d "
 			"sequences, capacity %lld): head_dim must be a multiple of 32 up to %d, at most "
@@ -142,6 +142,7 @@ int cuda_kv_new(const CudaKvShape *sh, const CudaKvSide *k, const CudaKvSide *v,
 	p->dim = sh->dim;
 	p->group = sh->n_heads / sh->n_kv_heads;
 	p->capacity_blocks = (sh->capacity + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+	p->window = sh->window;
 	p->kb = side_row_bytes(k, sh->dim);
 	p->vb = side_row_bytes(v, sh->dim);
 	p->block_bytes = KV_BLOCK_TOKENS * (p->kb + p->vb);

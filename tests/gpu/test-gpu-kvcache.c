@@ -6,7 +6,9 @@
  * cache is built): the same keys and values appended in batches of
  * several sizes to both, attention outputs after every batch within TOL,
  * to_host() blocks byte for byte equal to the CPU store's, and adopt() of
- * the CPU cache attending exactly like the GPU cache it mirrors. Also:
+ * the CPU cache attending exactly like the GPU cache it mirrors; every
+ * spec again with layer 0 a sliding-window layer (W = 45, the edge inside
+ * a block: the device masks it, the CPU store also drops blocks). Also:
  * shapes the GPU cannot take fail at creation, and attend before a
  * layer's first append is an error, not a crash.
  *
@@ -84,7 +86,8 @@ static int compare_host(const KvCache *host, KvCache *cpu, int64_t n)
 		const KvLayerTypes *t = kvstore_layer_types(cpu, l);
 		size_t kb = kvtype_vec_bytes(&t->k), vb = kvtype_vec_bytes(&t->v);
 		for (int h = 0; h < N_KV_HEADS; h++)
-			for (int64_t b = 0; b * 32 < n; b++) {
+			/* a windowed layer holds from the block its next query sees */
+			for (int64_t b = kvcache_window_first_block(&cpu->shape, l, n); b * 32 < n; b++) {
 				const uint8_t *got = kvstore_block(host, l, h, b);
 				const uint8_t *want = kvstore_block(cpu, l, h, b);
 				if (!got || !want) {
@@ -101,10 +104,11 @@ static int compare_host(const KvCache *host, KvCache *cpu, int64_t n)
 	return bad;
 }
 
-static int check(const char *spec)
+/* One spec; window > 0: layer 0 windowed (W = window), layer 1 global. */
+static int check(const char *spec, int window)
 {
 	KvCacheShape cs = { .n_layers = N_LAYERS, .n_heads = N_HEADS, .n_kv_heads = N_KV_HEADS,
-			    .head_dim = DIM, .capacity = CAPACITY };
+			    .head_dim = DIM, .capacity = CAPACITY, .window = window, .window_period = 2 };
 	bool f32 = strcmp(spec, "f32") == 0;
 	Error err = { 0 };
 	KvPlan *plan = NULL;
@@ -205,9 +209,9 @@ static int check(const char *spec)
 	}
 
 	failed |= bad_rows != 0 || !(err_attend <= TOL) || !(err_adopt <= TOL) || diff_adopt != 0.0;
-	printf("%s %-16s: attend err %.2e, to_host rows differing %d, adopt err %.2e "
-	       "(against the GPU cache %.2e)\n", failed ? "FAIL" : "ok  ", spec, err_attend,
-	       bad_rows, err_adopt, diff_adopt);
+	printf("%s %-16s%s: attend err %.2e, to_host rows differing %d, adopt err %.2e "
+	       "(against the GPU cache %.2e)\n", failed ? "FAIL" : "ok  ", spec, window ? " window" : "",
+	       err_attend, bad_rows, err_adopt, diff_adopt);
 
 	cuda_free(dk);
 	cuda_free(dv);
@@ -386,9 +390,12 @@ int main(void)
 		return 77;
 	}
 	int failures = check_refusals();
-	size_t n_checks = 1 + sizeof(specs) / sizeof(specs[0]);
+	size_t n_checks = 1 + 2 * (sizeof(specs) / sizeof(specs[0]));
 	for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++)
-		failures += check(specs[i]);
+		failures += check(specs[i], 0);
+	/* a sliding window of 45 (its edge inside a block) in layer 0, against the CPU caches' mask */
+	for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++)
+		failures += check(specs[i], 45);
 	/* only under tests/unit/kv_cuda_emul.c: a GPU's memory is what it is */
 	const char *limit = getenv("TKV_CUDA_EMUL_MEM_LIMIT");
 	if (limit) {

@@ -427,6 +427,16 @@ def case_config(args, tmp):
     assert w.first(h, 8) == 512 and w.first(h, 9) == 2, h
     c.close()
     d.stop()
+    # A preset runs, and is reported, as the spec it stands for (engine/kv/kvtype.h).
+    sub = os.path.join(tmp, "preset")
+    os.mkdir(sub)
+    d = Daemon(args, sub, extra=["--config", conf, "--kv", "small", "--device", "cpu"])
+    d.wait_ready()
+    c = w.Conn(d.sock)
+    h = c.hello()
+    assert w.first(h, 7, b"") == b"pk2.75:tq2_nc", h
+    c.close()
+    d.stop()
 
 
 def case_activate(args, tmp):

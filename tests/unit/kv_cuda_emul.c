@@ -243,8 +243,10 @@ static void emul_split(const KvcParams *p, const EmulRows *rows, int bps, int n_
 	}
 
 	const int64_t ctx = row_ctx(rows, row);
+	/* kv_cuda.cu's row_lo(): a windowed layer's row sees ctx - W .. */
+	const int64_t lo = p->window > 0 && ctx > p->window ? ctx - p->window : 0;
 	const int64_t n_blk = (ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
-	const int64_t b0 = (int64_t)split * bps, b1 = MIN(b0 + bps, n_blk);
+	const int64_t b0 = MAX((int64_t)split * bps, lo / KV_BLOCK_TOKENS), b1 = MIN((int64_t)split * bps + bps, n_blk);
 	const int seq = (int)(row / rows->n_tok);
 	const uint8_t *head_base =
 		p->base + ((int64_t)seq * p->n_kv_heads + kvh) * p->capacity_blocks * p->block_bytes;
@@ -258,8 +260,9 @@ static void emul_split(const KvcParams *p, const EmulRows *rows, int bps, int n_
 	for (int64_t b = b0; b < b1; b++) {
 		const uint8_t *blk = head_base + b * p->block_bytes;
 		const int n_valid = (int)MIN((int64_t)KV_BLOCK_TOKENS, ctx - b * KV_BLOCK_TOKENS);
+		const int j0 = (int)MAX((int64_t)0, lo - b * KV_BLOCK_TOKENS); /* rows below: outside */
 		float s[KV_BLOCK_TOKENS][CUDA_KV_MAX_G];
-		for (int j = 0; j < n_valid; j++) {
+		for (int j = j0; j < n_valid; j++) {
 			const uint8_t *key = blk + (size_t)j * p->kb;
 			if (p->kfmt == KV_FORMAT_TQ)
 				kvk_tq_score_heads_8(kc, cbh, cbl, qs, sqs, G, key, s[j]);
@@ -270,10 +273,10 @@ static void emul_split(const KvcParams *p, const EmulRows *rows, int bps, int n_
 		const uint8_t *vrows = blk + KV_BLOCK_TOKENS * (size_t)p->kb;
 		for (int g = 0; g < G; g++) {
 			float bm = -INFINITY, sum = 0.0f;
-			for (int j = 0; j < n_valid; j++)
+			for (int j = j0; j < n_valid; j++)
 				bm = fmaxf(bm, s[j][g]);
 			float nm = fmaxf(mx[g], bm);
-			for (int j = 0; j < n_valid; j++) {
+			for (int j = j0; j < n_valid; j++) {
 				s[j][g] = expf(s[j][g] - nm);
 				sum += s[j][g];
 			}
@@ -282,7 +285,7 @@ static void emul_split(const KvcParams *p, const EmulRows *rows, int bps, int n_
 			mx[g] = nm;
 			for (int i = 0; i < dim; i++)
 				acc[g][i] *= corr;
-			for (int j = 0; j < n_valid; j++) {
+			for (int j = j0; j < n_valid; j++) {
 				const uint8_t *vr = vrows + (size_t)j * p->vb;
 				for (int i = 0; i < dim; i++)
 					acc[g][i] += s[j][g] * value_at(p, vc, vr, i);

@@ -27,6 +27,8 @@
 #include "base/util.h"
 #include "engine/kv/kvquant.h"
 #include "engine/codec/kvpk.h"
+#include "engine/codec/kvpq.h"
+#include "engine/kv/kvtype.h"
 #include "engine/codec/tq.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/kv_attn.h"
@@ -469,6 +471,76 @@ START_TEST(pk_kernels_match_reference)
 }
 END_TEST
 
+/*
+ * The PolarQuant kernels at every SIMD level give the reference's floats
+ * bit for bit (kv_attn.h): shapes with every level vectorised, levels of
+ * fewer than 8 angles (scalar), codes past 4 bits (gathers), a head_dim
+ * that is not a power of two, 1..9 heads, partial blocks.
+ */
+START_TEST(pq_kernels_match_reference)
+{
+	enum { BT = KV_BLOCK_TOKENS };
+	uint64_t st = test_seed() + 300;
+	static const struct { const char *name; int dim; } cases[] = {
+		{ "pq", 64 }, { "pq3f", 64 }, { "pq6", 64 }, { "pq8f", 64 }, { "pq", 96 },
+		{ "pq5f", 128 }, { "pq2", 256 }, { "pq1f", 16 },
+	};
+	static const int groups[] = { 1, 2, 3, 9 }, lens[] = { 32, 17, 1 };
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		int d = cases[i].dim;
+		KvType t;
+		ck_assert_int_eq(kvtype_from_name(cases[i].name, KV_ROLE_K, d, &t, NULL), 0);
+		KvPq pq;
+		ck_assert_int_eq(kvpq_init(&pq, &t.pq, 5 + i), 0);
+		size_t rb = pq.rows.row_bytes, qf = kvpq_query_floats(&pq);
+		uint8_t *rows = calloc(BT, rb);
+		float *prep = malloc(sizeof(float) * 9 * qf), *x = malloc(sizeof(float) * d);
+		float *p = malloc(sizeof(float) * 9 * BT);
+		ck_assert(rows && prep && x && p);
+		for (int r = 0; r < BT; r++) {
+			for (int j = 0; j < d; j++)
+				x[j] = test_rand_normal(&st) * (1.0f + (float)(j % 5));
+			kvpq_encode(&pq, x, rows + (size_t)r * rb);
+		}
+		for (int g = 0; g < 9; g++) {
+			for (int j = 0; j < d; j++)
+				x[j] = test_rand_normal(&st);
+			kvpq_query_prepare(&pq, x, prep + (size_t)g * qf);
+		}
+		for (int k = 0; k < 9 * BT; k++)
+			p[k] = test_rand_uniform(&st);
+		for (size_t g = 0; g < ARRAY_SIZE(groups); g++)
+			for (size_t l = 0; l < ARRAY_SIZE(lens); l++) {
+				int G = groups[g], n = lens[l];
+				float want[9 * BT] = { 0 }, got[9 * BT] = { 0 };
+				kv_attn_pq_scores_ref(&pq.rows, prep, G, rows, n, 0.125f, want, BT);
+				float *acc_w = calloc((size_t)G * (d + 2), sizeof(float));
+				float *acc_g = calloc((size_t)G * (d + 2), sizeof(float));
+				kv_attn_pq_values_ref(&pq.rows, p, BT, G, rows, n, acc_w, d + 2);
+#if defined(CPU_KERNELS_X86)
+				if (kv_attn_have_avx2()) {
+					kv_attn_pq_scores_avx2(&pq.rows, prep, G, rows, n, 0.125f, got, BT);
+					ck_assert_msg(memcmp(want, got, sizeof(want)) == 0,
+						      "%s dim %d, %d heads, %d rows: the AVX2 scores differ",
+						      cases[i].name, d, G, n);
+					kv_attn_pq_values_avx2(&pq.rows, p, BT, G, rows, n, acc_g, d + 2);
+					ck_assert_msg(memcmp(acc_w, acc_g, sizeof(float) * G * (d + 2)) == 0,
+						      "%s dim %d, %d heads, %d rows: the AVX2 values differ",
+						      cases[i].name, d, G, n);
+				}
+#endif
+				free(acc_w);
+				free(acc_g);
+			}
+		free(rows);
+		free(prep);
+		free(x);
+		free(p);
+		kvpq_fini(&pq);
+	}
+}
+END_TEST
+
 /* The int8 bound is not vacuous: on tq4 the kernel is within it, and the bound is small. */
 START_TEST(int8_bound_is_tight)
 {
@@ -765,6 +837,7 @@ static Suite *kvattn_suite(void)
 	tcase_add_loop_test(tc, tq_kernels_match_reference, 0, (int)ARRAY_SIZE(tq_names));
 	tcase_add_test(tc, plain_kernels_match_reference);
 	tcase_add_test(tc, pk_kernels_match_reference);
+	tcase_add_test(tc, pq_kernels_match_reference);
 	tcase_add_test(tc, exact_kernels_match_reference);
 	tcase_add_test(tc, tq_value_helpers);
 	tcase_add_test(tc, int8_bound_is_tight);

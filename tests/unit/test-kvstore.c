@@ -18,6 +18,8 @@
 #include <string.h>
 
 #include "engine/codec/kvpk.h"
+#include "base/crc32c.h"
+#include "engine/codec/kvpq.h"
 #include "engine/codec/rotation.h"
 #include "engine/kv/fmt_tq.h"
 #include "engine/kv/kvquant.h"
@@ -37,6 +39,8 @@ static const char *const specs[] = {
 	"tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
 	"tq4_nc+c:tq3", "q4_0+h+c:q8_0", "tq3+qjl+c:tq3.5o",
 	"pk4:tq3", "pk2.5:f32,1=tq4_nc+c:q8_0",
+	"pq", "pq3f:pq4f", "pk4:pq,1=pq5+c:pq2",
+	"tq3:tq3+qjl", "tq4+qjl:tq3+sqjl",
 };
 
 /* Cache contents for one check: k, v (n_layers, n, n_kv_heads * d); q (n, n_heads * d). */
@@ -75,6 +79,12 @@ static TqCodec *side_codec(const KvCache *kv, const KvType *t, int layer, int he
 	return c;
 }
 
+/*
+ * The codec of a pq side, its seed by fmt_pq.c's documented formula
+ * (checked against the side's record, after the +c part when centered).
+ */
+static void pq_side(const KvCache *kv, const KvType *t, int layer, int head, KvRole role, KvPq *ret);
+
 /* What the model does per layer of a batch: show the cache the queries, then append. */
 static int observe_append(KvCache *kv, int layer, int64_t pos0, int64_t n, const float *k,
 			  const float *v, const float *q)
@@ -91,6 +101,25 @@ static uint8_t *side_record(const KvCache *kv, int layer, int head, KvRole role,
 	ck_assert_ptr_nonnull(rec);
 	ck_assert_int_eq(fo->record_save(kv, layer, head, role, n, rec, NULL), 0);
 	return rec;
+}
+
+static void pq_side(const KvCache *kv, const KvType *t, int layer, int head, KvRole role, KvPq *ret)
+{
+	uint64_t key = (uint64_t)layer << 32 | (uint64_t)head << 1 | (uint64_t)role;
+	Rng rng;
+	rng_init(&rng, kvstore_seed(kv) ^ (0x6b76706f6c617231ull + key * 0x9e3779b97f4a7c15ull));
+	uint64_t seed = rng_next(&rng);
+	int d = kv->shape.head_dim;
+	/* the record of a file of 0 tokens: +c keeps no keys there, then pq's CRC of its descriptor */
+	uint8_t desc[24] = { 0 };
+	put_le(desc, seed, 8);
+	put_le(desc + 8, (uint64_t)d, 2);
+	desc[10] = (uint8_t)t->pq.levels;
+	memcpy(desc + 12, t->pq.bits, KVPQ_MAX_LEVELS);
+	uint8_t *rec = side_record(kv, layer, head, role, 0);
+	ck_assert_uint_eq(get_le(rec, 4), crc32c(desc, sizeof(desc)));
+	free(rec);
+	ck_assert_int_eq(kvpq_init(ret, &t->pq, seed), 0);
 }
 
 /* x as a binary16 holds it (what centered keys keep of block 0, and pk of its stage). */
@@ -143,8 +172,8 @@ static void expect_center(const KvCache *kv, int layer, int head, const float *k
  * A +c key side (mu given) stores src - mu, and zero vectors in block 0,
  * whose keys the attention takes as binary16: x is src rounded there.
  */
-static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, int layer, int head,
-		     KvRole role, int64_t p, const float *src, const float *mu, float *x)
+static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, const KvPq *pq,
+		     int layer, int head, KvRole role, int64_t p, const float *src, const float *mu, float *x)
 {
 	int d = t->dim;
 	size_t kb = kvtype_vec_bytes(&kvstore_layer_types(kv, layer)->k);
@@ -161,12 +190,16 @@ static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, i
 	memset(want, 0, sizeof(want));
 	if (codec)
 		tq_encode(codec, stored, want);
+	else if (pq)
+		kvpq_encode(pq, stored, want);
 	else
 		kvquant_store(t, stored, want);
 	ck_assert_msg(memcmp(row, want, bytes) == 0, "layer %d head %d %c row %lld: stored bytes differ",
 		      layer, head, role == KV_ROLE_K ? 'K' : 'V', (long long)p);
 	if (codec)
 		tq_decode(codec, row, x);
+	else if (pq)
+		kvpq_decode(pq, row, x);
 	else
 		kvquant_load(t, row, x);
 	if (mu)
@@ -317,6 +350,11 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 			for (int h = 0; h < KVH; h++) {
 				TqCodec *kc = lt->k.format == KV_FORMAT_TQ ? side_codec(kv, &lt->k, l, h, KV_ROLE_K) : NULL;
 				TqCodec *vc = lt->v.format == KV_FORMAT_TQ ? side_codec(kv, &lt->v, l, h, KV_ROLE_V) : NULL;
+				KvPq kq = { 0 }, vq = { 0 };
+				if (lt->k.format == KV_FORMAT_PQ)
+					pq_side(kv, &lt->k, l, h, KV_ROLE_K, &kq);
+				if (lt->v.format == KV_FORMAT_PQ)
+					pq_side(kv, &lt->v, l, h, KV_ROLE_V, &vq);
 				float mu[TQ_MAX_DIM] = { 0 };
 				if (lt->k.centered && pos0 + n >= KV_BLOCK_TOKENS)
 					expect_center(kv, l, h, k + h * d, row, pos0 + n, mu);
@@ -325,9 +363,10 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 					load_pk(kv, l, h, k + h * d, row, in->q, pos0 + n, mu, lo_block, kd);
 				for (int64_t p = lo_block * KV_BLOCK_TOKENS; p < pos0 + n; p++) {
 					if (!pk)
-						load_row(kv, &lt->k, kc, l, h, KV_ROLE_K, p, k + p * row + h * d,
-							 lt->k.centered ? mu : NULL, kd + p * d);
-					load_row(kv, &lt->v, vc, l, h, KV_ROLE_V, p, v + p * row + h * d, NULL, vd + p * d);
+						load_row(kv, &lt->k, kc, kq.rot ? &kq : NULL, l, h, KV_ROLE_K, p,
+							 k + p * row + h * d, lt->k.centered ? mu : NULL, kd + p * d);
+					load_row(kv, &lt->v, vc, vq.rot ? &vq : NULL, l, h, KV_ROLE_V, p,
+						 v + p * row + h * d, NULL, vd + p * d);
 				}
 				for (int64_t t = pos0; t < pos0 + n; t++) {
 					/* pk: a query reads its own block from the stage, binary16 (kvpk.h) */
@@ -355,6 +394,8 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 				}
 				tq_codec_free(kc);
 				tq_codec_free(vc);
+				kvpq_fini(&kq);
+				kvpq_fini(&vq);
 			}
 		}
 		pos0 += n;
@@ -472,10 +513,12 @@ START_TEST(rejected_plans)
 	ck_assert_int_eq(kvplan_from_text("tq4+qjl:tq4", RL, RKVH, RD, &plan, NULL), 0);
 	KvCacheShape sh = { .n_layers = RL, .n_heads = RH, .n_kv_heads = RKVH, .head_dim = RD, .capacity = 10 };
 	KvCache *kv = NULL;
-	/* kvtype.h refuses +qjl values; a plan built by hand is refused here too */
-	plan->layers[1].v = plan->layers[1].k;
+	/* kvtype.h refuses pk values; a plan built by hand is refused here too */
+	KvType pk;
+	ck_assert_int_eq(kvtype_from_name("pk4", KV_ROLE_K, RD, &pk, NULL), 0);
+	plan->layers[1].v = pk;
 	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 1, &kv, &err), KVSTORE_E_PLAN);
-	ck_assert_ptr_nonnull(strstr(err.msg, "QJL"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "pk"));
 	plan->layers[1].v = plan->layers[0].v;
 	sh.n_layers = RL + 1;
 	ck_assert_int_eq(kvcache_new_quant(&sh, plan, 1, &kv, NULL), KVSTORE_E_PLAN);

@@ -190,9 +190,8 @@ START_TEST(test_spec_errors)
 		{ "tq4+h", 30, 64, KVTYPE_E_UNKNOWN, "'tq4+h'" },
 		{ "tq9", 30, 64, KVTYPE_E_UNKNOWN, "'tq9'" },
 		{ "tq1+qjl", 30, 64, KVTYPE_E_UNKNOWN, "'tq1+qjl'" },
-		{ "tq4:tq3+qjl", 30, 64, KVTYPE_E_ROLE, "'tq3+qjl'" },
-		{ "tq3+sqjl", 30, 64, KVTYPE_E_ROLE, "'tq3+sqjl'" }, /* one type: V too */
-		{ "tq4,0=q8_0:tq4+qjl", 30, 64, KVTYPE_E_ROLE, "'tq4+qjl'" },
+		{ "tq4:tq3+c", 30, 64, KVTYPE_E_ROLE, "'tq3+c'" },
+		{ "tq4,0=q8_0:pk4", 30, 64, KVTYPE_E_ROLE, "'pk4'" },
 		{ "tq4+c", 30, 64, KVTYPE_E_ROLE, "'tq4+c'" }, /* one type: V too */
 		{ "tq4:q8_0+c", 30, 64, KVTYPE_E_ROLE, "'q8_0+c'" },
 		{ "tq4+c+c:tq4", 30, 64, KVTYPE_E_UNKNOWN, "+c twice" },
@@ -271,11 +270,11 @@ START_TEST(test_type_roles_and_names)
 {
 	KvType t;
 	Error err = { 0 };
-	/* +qjl is for keys. */
+	/* +qjl is for keys and values (the unbiased residual estimate of v). */
 	ck_assert_int_eq(kvtype_from_name("tq4+qjl", KV_ROLE_K, 64, &t, &err), 0);
-	ck_assert_int_eq(kvtype_from_name("tq4+qjl", KV_ROLE_V, 64, &t, &err), KVTYPE_E_ROLE);
-	ck_assert_ptr_nonnull(strstr(err.msg, "keys only"));
-	/* so is +c, on any format, and it changes nothing else */
+	ck_assert_int_eq(kvtype_from_name("tq4+qjl", KV_ROLE_V, 64, &t, &err), 0);
+	ck_assert_int_eq(kvtype_from_name("tq4+sqjl", KV_ROLE_V, 64, &t, &err), 0);
+	/* +c is for keys only, on any format, and it changes nothing else */
 	ck_assert_int_eq(kvtype_from_name("tq4_nc+c", KV_ROLE_V, 64, &t, &err), KVTYPE_E_ROLE);
 	ck_assert_ptr_nonnull(strstr(err.msg, "keys only"));
 	KvType plain = type_ok("tq3.5o", KV_ROLE_K, 64), centered = type_ok("tq3.5o+c", KV_ROLE_K, 64);
@@ -290,6 +289,7 @@ START_TEST(test_type_roles_and_names)
 		"tq4.5", "tq3+qjl", "tq4+sqjl", "tq3_nc", "tq3h16", "tq3.5o", "tq4+qjl_nc",
 		"f16+c", "q8_0+c", "q4_0+h+c", "tq4_nc+c", "tq3+qjl+c", "tq3.5o+c",
 		"pk1", "pk2.5", "pk4", "pk5.125", "pk8",
+		"pq", "pq3", "pq4f", "pq1f", "pq8", "pq+c",
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
 		for (int dim = 64; dim <= 128; dim *= 2) {
@@ -339,6 +339,9 @@ START_TEST(test_bits_per_value)
 		/* pk: B d / 8 code bytes + ceil(3 d / 4 / 32) of side data per row */
 		{ "pk4", 4.25, 4.1875 },  { "pk2.5", 2.75, 2.6875 },
 		{ "pk4.125", 4.375, 4.3125 },
+		/* pq: fp16 radii + the angle codes (kv_pq_layout.h) */
+		{ "pq", 3.875, 3.875 },   { "pq4f", 3.25, 3.125 },
+		{ "pq3f", 2.25, 2.125 },  { "pq5f", 4.25, 4.125 },
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(rows); i++) {
 		for (int dim = 64; dim <= 128; dim *= 2) {
@@ -641,6 +644,52 @@ START_TEST(test_hadamard_helps_outliers)
 }
 END_TEST
 
+/*
+ * Presets: each name parses to its spec's plan, wherever a spec is
+ * parsed; small is at most 2.67 bits per value (6x smaller than f16) on
+ * the default model's shape and at head_dim 128, on the CPU and the GPU;
+ * a preset is a whole spec, not a type.
+ */
+START_TEST(test_presets)
+{
+	static const int dims[] = { 64, 128 };
+	for (size_t i = 0; kvspec_preset_at(i); i++) {
+		const KvPreset *p = kvspec_preset_at(i);
+		ck_assert_ptr_eq(kvspec_preset(p->name), p);
+		for (size_t k = 0; k < ARRAY_SIZE(dims); k++) {
+			_cleanup_(kvplan_freep) KvPlan *a = plan_ok(p->name, 30, 3, dims[k]);
+			_cleanup_(kvplan_freep) KvPlan *b = plan_ok(p->spec, 30, 3, dims[k]);
+			_cleanup_(kvplan_freep) KvPlan *g = plan_ok(p->spec_gpu, 30, 3, dims[k]);
+			ck_assert_int_eq(kvplan_bytes_per_token(a), kvplan_bytes_per_token(b));
+			for (int l = 0; l < 30; l++)
+				ck_assert(kvtype_equal(&a->layers[l].k, &b->layers[l].k) &&
+					  kvtype_equal(&a->layers[l].v, &b->layers[l].v));
+			if (strcmp(p->name, "small") == 0) {
+				ck_assert_msg(kvplan_bits_per_value(a) <= 2.67, "small: %g bits at %d",
+					      kvplan_bits_per_value(a), dims[k]);
+				ck_assert_msg(kvplan_bits_per_value(g) <= 2.67, "small (GPU): %g bits at %d",
+					      kvplan_bits_per_value(g), dims[k]);
+			}
+		}
+		/* one layer is a model too: presets carry no layer ranges */
+		_cleanup_(kvplan_freep) KvPlan *one = plan_ok(p->name, 1, 1, 64);
+		_cleanup_(kvplan_freep) KvPlan *one_gpu = plan_ok(p->spec_gpu, 1, 1, 64);
+	}
+	ck_assert_str_eq(kvspec_preset("default")->spec, KV_DEFAULT_SPEC);
+	ck_assert_str_eq(kvspec_preset("default")->spec_gpu, KV_DEFAULT_SPEC_GPU);
+	ck_assert_ptr_null(kvspec_preset("Small"));
+	ck_assert_ptr_null(kvspec_preset("pk5:tq3.5_nc"));
+	KvSpec spec;
+	Error err = { 0 };
+	ck_assert_int_eq(kvspec_parse("small:tq3", &spec, &err), KVTYPE_E_UNKNOWN);
+	ck_assert_int_eq(kvspec_parse("small,0=f16", &spec, &err), KVTYPE_E_UNKNOWN);
+	ck_assert_int_eq(kvspec_parse("exact", &spec, &err), 0);
+	char buf[128];
+	kvspec_name(&spec, buf, sizeof(buf));
+	ck_assert_str_eq(buf, KV_EXACT_SPEC);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("kvtype");
@@ -649,6 +698,7 @@ int main(void)
 	tcase_add_test(tc, test_spec_overrides);
 	tcase_add_test(tc, test_spec_name_roundtrip);
 	tcase_add_test(tc, test_spec_errors);
+	tcase_add_test(tc, test_presets);
 	tcase_add_test(tc, test_type_roles_and_names);
 	tcase_add_test(tc, test_bits_per_value);
 	suite_add_tcase(s, tc);

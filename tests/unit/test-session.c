@@ -288,6 +288,7 @@ static const char *const round_specs[] = {
 	NULL /* f32 cache */, "q8_0", "tq4", "tq3+qjl:tq3", "tq3.5o", "tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
 	"tq4_nc+c:tq3", "q4_0+h+c:q8_0,1=tq3.5o",
 	"pk4:tq3", "pk2.5:tq3,1=tq4",
+	"pq", "pk4:pq3f,1=pq+c:pq6",
 };
 
 /* Bytes of one side's record by the formats' documented layouts, computed from the type here. */
@@ -303,7 +304,7 @@ static uint64_t record_size(const KvType *t, bool f32_cache, int64_t n_kv)
 		int64_t tail = n_kv > from ? n_kv - from : 0;
 		return centered + 4 + (uint64_t)D * (m > 0 ? m - 1 : 0) + 2 * D * tail;
 	}
-	/* TQ: the descriptor (outlier types) or its CRC; plain: format, +h, dim */
+	/* TQ: the descriptor (outlier types) or its CRC; pq: its CRC; plain: format, +h, dim */
 	uint64_t inner = t->format == KV_FORMAT_TQ ? (t->tq.group == TQ_GROUP_OUTLIER_CHANNELS ? 176 : 4) : 4;
 	return (t->centered ? centered : 0) + inner;
 }

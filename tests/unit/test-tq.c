@@ -864,6 +864,73 @@ START_TEST(test_qjl_unbiased_variance)
 END_TEST
 
 /*
+ * QJL on values (fmt_tq.c): the reconstruction of one fixed vector v, over
+ * many independent (rotation, S) seed pairs, averages to v. Per coordinate
+ * |mean - v_i| must stay within 5 standard errors (the errors' own sample
+ * variance over the seeds) plus the fp16 norms' rounding; the MSE part
+ * alone, whose mean is shrunk towards 0, must fail the same bound, so the
+ * check can fail. Then unbiased with the rotation fixed too (E_S alone).
+ */
+START_TEST(test_qjl_values_unbiased)
+{
+	enum { D = 64, N = 3000 };
+	uint64_t st = test_seed() + 4242;
+	float v[D];
+	rand_normal_vec(&st, D, v);
+	static const char *const names[] = { "tq2+qjl", "tq3+qjl" };
+	for (size_t k = 0; k < ARRAY_SIZE(names); k++)
+		for (int fixed_rot = 0; fixed_rot < 2; fixed_rot++) {
+			Moments m[D], mse[D];
+			memset(m, 0, sizeof(m));
+			memset(mse, 0, sizeof(mse));
+			TqDesc base;
+			desc_named(names[k], D, &base);
+			base.rot_seed = 0x5eed0001ull + k;
+			for (int s = 0; s < N; s++) {
+				TqDesc d = base;
+				if (!fixed_rot)
+					d.rot_seed = test_rand_u64(&st) | 1;
+				do
+					d.qjl_seed = test_rand_u64(&st);
+				while (d.qjl_seed == 0 || d.qjl_seed == d.rot_seed ||
+				       d.qjl_seed == tq_seed_mix(d.rot_seed));
+				TqCodec *c = codec_from_desc(&d);
+				uint8_t code[TQ_MAX_CODE_BYTES];
+				float x[D], y[D], ym[D] = { 0 }, xm[D];
+				tq_encode(c, v, code);
+				tq_decode(c, code, x);
+				tq_decode_rotated(c, code, y);
+				tq_value_axpy(c, 1.0f, code, ym);
+				tq_output_finish(c, ym, xm);
+				for (int i = 0; i < D; i++) {
+					moments_add(&m[i], x[i] - v[i]);
+					moments_add(&mse[i], xm[i] - v[i]);
+				}
+				/* tq_decode() is tq_output_finish() of tq_decode_rotated() */
+				float back[D];
+				tq_output_finish(c, y, back);
+				for (int i = 0; i < D; i++)
+					ck_assert_float_eq(back[i], x[i]);
+				tq_codec_free(c);
+			}
+			double norm = sqrt(dot(v, v, D));
+			int mse_out = 0;
+			for (int i = 0; i < D; i++) {
+				/* fp16 norm and gamma: relative 2^-11 of ||v|| at most */
+				double tol = 5 * moments_sem(&m[i]) + norm * 1e-3;
+				ck_assert_msg(fabs(moments_mean(&m[i])) < tol,
+					      "%s%s: coordinate %d biased by %g (bound %g)", names[k],
+					      fixed_rot ? " (rotation fixed)" : "", i, moments_mean(&m[i]), tol);
+				mse_out += fabs(moments_mean(&mse[i])) >= 5 * moments_sem(&mse[i]) + norm * 1e-3;
+			}
+			/* the MSE reconstruction is biased: many coordinates fail the same bound */
+			ck_assert_msg(mse_out >= D / 4, "%s: MSE part out of bound in only %d of %d coordinates",
+				      names[k], mse_out, D);
+		}
+}
+END_TEST
+
+/*
  * No dead path: the QJL term must change estimates. At B = 1 the MSE-only
  * estimate is biased, E<q, x~> = (1 - D_mse(1)) <q, x> ~ (2/pi) <q, x>;
  * tq2+qjl (tq1 codes + QJL) is not. Zeroing gamma gives exactly the tq1
@@ -1330,6 +1397,7 @@ static Suite *tq_suite(void)
 	tcase_add_test(tc, test_inner_product_matches_decode);
 	tcase_add_test(tc, test_zero_vector);
 	tcase_add_test(tc, test_qjl_unbiased_variance);
+	tcase_add_test(tc, test_qjl_values_unbiased);
 	tcase_add_test(tc, test_qjl_no_dead_path);
 	tcase_add_test(tc, test_qjl_wrong_constant);
 	tcase_add_test(tc, test_choose_outliers);

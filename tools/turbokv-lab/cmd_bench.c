@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "engine/kv/kvstore.h"
 #include "kernels/wtype.h"
 #include "tools/turbokv-lab/lab.h"
 
@@ -262,7 +263,7 @@ int cmd_bench(int argc, char **argv)
 			if ((o.reps = lab_parse_long("--repetitions", optarg, 1, 64)) < 0)
 				return LAB_EXIT_USAGE;
 			break;
-		case OPT_KV: o.kv = optarg; break;
+		case OPT_KV: o.kv = lab_spec_resolve(optarg); break;
 		case 'd':
 			if (parse_depths(&o, optarg) < 0)
 				return LAB_EXIT_USAGE;
@@ -297,6 +298,9 @@ int cmd_bench(int argc, char **argv)
 	const char *kv_name = o.kv ? o.kv : "f32";
 	if (lab_kvcache_new(m, o.kv, n_ctx, &kv, &kv_bits) < 0)
 		return LAB_EXIT_FAILURE;
+	/* runs rewind to their depth: windowed layers keep their blocks (attention reads the same) */
+	if (kvstore_is(kv))
+		kvstore_set_keep_all(kv, true);
 	_cleanup_(freep) int32_t *tokens = malloc_array(n_ctx, sizeof(int32_t));
 	_cleanup_(freep) float *logits = malloc_array(m->cfg.n_vocab, sizeof(float));
 	if (!tokens || !logits || threadpool_new(o.common.threads, &tp) < 0 ||

@@ -144,7 +144,7 @@ static int parse_args(int argc, char **argv, GenerateOptions *o)
 		case OPT_SYSTEM: o->system = optarg; break;
 		case OPT_IDS: o->ids = true; break;
 		case OPT_SPECIAL: o->raw_special = true; break;
-		case OPT_KV: o->kv = optarg; break;
+		case OPT_KV: o->kv = lab_spec_resolve(optarg); break;
 		case OPT_HELP: usage(stdout); exit(LAB_EXIT_OK);
 		default: usage(stderr); return -1;
 		}

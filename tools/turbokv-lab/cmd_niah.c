@@ -6,20 +6,26 @@
  * template around one user message: filler tokens of the text with the
  * needle sentence "The secret passphrase is <six digits>. Remember it."
  * inserted at a sentence end near fraction d of the filler, then the
- * question. The filler fills L tokens less the answer budget. The answer
+ * question. A base model without a chat template (Gemma 3 270M) gets the
+ * same filler and needle raw, BOS first, ending in "... The secret
+ * passphrase mentioned in the text above is" for it to complete. The filler fills L tokens less the answer budget. The answer
  * is greedy (argmax); the trial succeeds when it contains the passphrase.
  * The passphrase of each (L, d) comes from --seed, so every KV type
  * answers the same questions. The prompt is assembled in token space
  * (template markup, filler ids, needle and question encoded separately),
  * and trials reuse the longest prefix they share with the previous one
  * (depths run from 100% down, so that prefix is the filler before the
- * needle).
+ * needle). A compressed store's windowed layers keep every block here
+ * (kvstore_set_keep_all(): attention is bit for bit the same, test-kvstore)
+ * so that a trial can rewind to that prefix; a cache that cannot
+ * (kvcache_rewind_floor()) starts over from 0.
  */
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/codec/rotation.h"
+#include "engine/kv/kvstore.h"
 #include "engine/text/chat.h"
 #include "tools/turbokv-lab/lab.h"
 
@@ -189,8 +195,13 @@ static int parts_build(const Model *m, const Tokenizer *tok, const char *text, N
 	_cleanup_(freep) char *rendered = NULL;
 	_cleanup_(freep) char *sys = chat_default_system_from_gguf(m->gguf);
 	if (chat_template_from_gguf(m->gguf, &tmpl, &err) != 0) {
-		fprintf(stderr, "turbokv-lab niah: %s\n", err.msg);
-		return -1;
+		/* a base model: the haystack raw, and a sentence for it to complete */
+		fprintf(stderr, "turbokv-lab niah: %s: raw prompt\n", err.msg);
+		p->pre = encode(tok, "", false, &p->n_pre);
+		p->post = encode(tok, "", false, &p->n_post);
+		p->question = encode(tok, "\n\nThe secret passphrase mentioned in the text above is", false,
+				     &p->n_question);
+		goto filler;
 	}
 	ChatMessage msg = { .role = "user", .content = marker };
 	if (chat_render(tmpl, &msg, 1, sys, &rendered, &err) != 0)
@@ -205,6 +216,7 @@ static int parts_build(const Model *m, const Tokenizer *tok, const char *text, N
 			     "\n\nWhat is the secret passphrase mentioned in the text above? "
 			     "Answer with the passphrase only.",
 			     false, &p->n_question);
+filler:
 	p->filler = encode(tok, text, false, &p->n_filler);
 	if (!p->pre || !p->post || !p->question || !p->filler)
 		return -1;
@@ -290,6 +302,8 @@ static int trial_run(const Model *m, ModelRun *run, const Tokenizer *tok, KvCach
 		lcp = n - 1;
 	if ((int64_t)lcp > kvcache_n_tokens(kv))
 		lcp = (size_t)kvcache_n_tokens(kv);
+	if ((int64_t)lcp < kvcache_rewind_floor(kv))
+		lcp = 0; /* its windowed layers dropped what the prefix's end sees */
 	kvcache_set_n_tokens(kv, (int64_t)lcp);
 	if (model_eval(m, run, kv, ids + lcp, (int64_t)(n - lcp), logits, NULL) != 0)
 		return -1;
@@ -420,6 +434,8 @@ int cmd_niah(int argc, char **argv)
 		_cleanup_(kvcache_freep) KvCache *kv = NULL;
 		if (lab_kvcache_new(m, o.specs[s], max_len, &kv, &bits[s]) < 0)
 			goto out;
+		if (kvstore_is(kv))
+			kvstore_set_keep_all(kv, true); /* trials rewind to their shared prefix */
 		size_t n_prev = 0;
 		Rng rng;
 		rng_init(&rng, o.seed);

@@ -189,6 +189,15 @@ char *lab_read_file(const char *path, size_t *ret_len)
 	return buf;
 }
 
+const char *lab_spec_resolve(const char *given)
+{
+	const KvPreset *preset = kvspec_preset(given);
+	if (!preset)
+		return given;
+	fprintf(stderr, "turbokv-lab: --kv %s: %s\n", preset->name, preset->spec);
+	return preset->spec;
+}
+
 int lab_specs_add(const char *arg, char **specs, int *n, int max)
 {
 	const char *p = arg;
@@ -214,7 +223,14 @@ int lab_specs_add(const char *arg, char **specs, int *n, int max)
 				end == p ? "empty spec" : "too many specs");
 			return -1;
 		}
-		if (!(specs[*n] = strndup(p, (size_t)(end - p)))) {
+		/* a preset runs (and is printed) as the spec it stands for */
+		char *given = strndup(p, (size_t)(end - p));
+		if (given && kvspec_preset(given)) {
+			char *spec = strdup(lab_spec_resolve(given));
+			free(given);
+			given = spec;
+		}
+		if (!(specs[*n] = given)) {
 			fprintf(stderr, "turbokv-lab: out of memory\n");
 			return -1;
 		}

@@ -89,6 +89,12 @@ int cmd_bench(int argc, char **argv);
 int cmd_codebook(int argc, char **argv);
 
 /*
+ * The spec a --kv argument stands for: a preset's spec (printed to stderr
+ * as "--kv small: SPEC"), else the argument itself.
+ */
+const char *lab_spec_resolve(const char *given);
+
+/*
  * Split a list of KV specs given as one option value ("f16,tq4,tq3.5:tq3,0-1=q8_0")
  * into specs: a comma starts a new spec unless the next element is a
  * layer override (it holds '='), which stays with the spec before it.
