@@ -434,7 +434,7 @@ def case_config(args, tmp):
     d.wait_ready()
     c = w.Conn(d.sock)
     h = c.hello()
-    assert w.first(h, 7, b"") == b"pk2.75:tq2_nc", h
+    assert w.first(h, 7, b"") == b"pk2.25:tq2.5_nc", h
     c.close()
     d.stop()
 
