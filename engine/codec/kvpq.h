@@ -51,10 +51,11 @@
  *   pq, pq4   L = 4, bits (4, 2, 2, 2), fp16 radii at level 4: 3.875 bits
  *             per value at every d (the paper's 4 + 2 + 2 + 2 and one
  *             16-bit radius per 16 coordinates)
- *   pq<B>     L = 4, bits (B, B-2, B-2, B-2), at least 1: pq3 2.94 bits,
- *             pq5 4.81, pq6 5.75
+ *   pq<B>     L = 4, bits (B, B-2, B-2, B-2), at least 1: pq3 3.0 bits,
+ *             pq5 4.875, pq6 5.75 at d = 64
  *   pq<B>f    every level (L = log2 d, d a power of two), one fp16
- *             radius (the norm): pq4f 3.39 bits at d = 64, pq3f 2.39
+ *             radius (the norm): pq3f 2.25, pq4f 3.25, pq5f 4.25 bits at
+ *             d = 64 (tq2, tq3, tq4's sizes)
  * Level 1 gets two bits more than the others because its angle spreads
  * over 2 pi where deeper ones stay within ~1 / sqrt(m) of pi/4: at equal
  * bits its delta is ~14 times the level-2 one (about 4^2, two bits).
