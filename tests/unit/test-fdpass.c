@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -231,13 +232,22 @@ START_TEST(test_too_many_fds)
 		fds[i] = p[0];
 	ck_assert_int_eq(fdpass_send_borrow_fds(sv[0], "x", 1, fds, ARRAY_SIZE(fds), &sent), -EINVAL);
 
-	/* a hand-made sender that does: more than fit in one receive */
-	ck_assert_int_eq(fd_queue_new(0, &q), 0);
-	raw_send_fds(sv[0], p[0], FDPASS_MAX_FDS + 5);
-	ck_assert_int_eq(fdpass_recv(sv[1], buf, sizeof(buf), q, &n), FDPASS_E_CTRUNC);
-	ck_assert_uint_eq(fd_queue_size(q), 0);
-	ck_assert_int_eq(count_fds(), before + 4);
-	q = fd_queue_free(q);
+	/*
+	 * a hand-made sender that does: more than fit in one receive. Not
+	 * under a cross build's emulator (meson's exe_wrapper): qemu-user
+	 * passes every descriptor and never reports MSG_CTRUNC.
+	 */
+	const char *wrapper = getenv("MESON_EXE_WRAPPER");
+	if (wrapper && wrapper[0]) {
+		fprintf(stderr, "fdpass: MSG_CTRUNC check skipped under %s\n", wrapper);
+	} else {
+		ck_assert_int_eq(fd_queue_new(0, &q), 0);
+		raw_send_fds(sv[0], p[0], FDPASS_MAX_FDS + 5);
+		ck_assert_int_eq(fdpass_recv(sv[1], buf, sizeof(buf), q, &n), FDPASS_E_CTRUNC);
+		ck_assert_uint_eq(fd_queue_size(q), 0);
+		ck_assert_int_eq(count_fds(), before + 4);
+		q = fd_queue_free(q);
+	}
 
 	/* more than the queue may hold: 3 into a queue of 2 */
 	ck_assert_int_eq(fd_queue_new(2, &q), 0);
