@@ -277,7 +277,8 @@ static int pq_record_load(void *st, const KvSideRows *rows, int64_t n_kv, const 
 		return error_set(err, KVFORMAT_E_OTHER_TYPE,
 				 "saved with another PolarQuant type or seed (descriptor CRC %08x, this "
 				 "side's %08x)", (unsigned)get_le(in, 4), (unsigned)desc_crc(s));
-	for (int64_t pos = 0; pos < n_kv; pos++) {
+	/* a sliding-window layer's blocks below rows->first are not kept (kvformat.h) */
+	for (int64_t pos = rows->first * KV_BLOCK_TOKENS; pos < n_kv; pos++) {
 		int64_t b = pos / KV_BLOCK_TOKENS;
 		if (b >= rows->n_blocks || !rows->blocks[b])
 			return error_set(err, KVFORMAT_E_CORRUPT, "pq block %lld missing", (long long)b);

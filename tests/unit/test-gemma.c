@@ -18,6 +18,12 @@
  *             differ from a cache with no window (the mask matters here);
  *             the local layers hold at most ceil(512 / 32) + 1 blocks between
  *             steps.
+ *   32k       the model's full context (32,768 tokens) in the default KV
+ *             store, filled with random rows layer by layer (no forward
+ *             pass): its bytes are the 3 global layers' blocks of every
+ *             position plus the 15 local layers' 17 blocks each, and
+ *             printed per token for both kinds of layer, appended in
+ *             chunks of 512 (a prefill batch).
  *
  * Exits 77 (skipped) when the model is not in the cache. Kept short (one
  * load, 64 + 24 decode steps, one 900-token prefill three times) for CI.
@@ -254,6 +260,78 @@ START_TEST(gemma_window_drop_equals_full_cache)
 }
 END_TEST
 
+START_TEST(gemma_32k_context_bytes)
+{
+	enum { BT = KV_BLOCK_TOKENS, CHUNK = 512 };
+	int64_t n_ctx = model->cfg.n_ctx_train;
+	ck_assert_int_eq(n_ctx, 32768);
+	KvCacheShape sh = model_kv_shape(model, n_ctx);
+	KvPlan *plan = NULL;
+	KvCache *kv = NULL;
+	Error err = { 0 };
+	ck_assert_int_eq(kvplan_from_text(KV_DEFAULT_SPEC, sh.n_layers, sh.n_kv_heads, sh.head_dim, &plan, &err), 0);
+	ck_assert_msg(kvcache_new_quant(&sh, plan, 3, &kv, &err) == 0, "%s", err.msg);
+	size_t row = (size_t)sh.n_kv_heads * sh.head_dim, qrow = (size_t)sh.n_heads * sh.head_dim;
+	float *k = malloc(sizeof(float) * CHUNK * row), *v = malloc(sizeof(float) * CHUNK * row);
+	float *q = malloc(sizeof(float) * CHUNK * qrow);
+	ck_assert(k && v && q);
+	uint64_t st = 11;
+	for (size_t i = 0; i < CHUNK * row; i++) {
+		k[i] = test_rand_normal(&st);
+		v[i] = test_rand_normal(&st);
+	}
+	for (size_t i = 0; i < CHUNK * qrow; i++)
+		q[i] = test_rand_normal(&st);
+	for (int64_t pos = 0; pos < n_ctx; pos += CHUNK) {
+		for (int l = 0; l < sh.n_layers; l++) {
+			kvcache_observe(kv, l, pos, CHUNK, q);
+			ck_assert_int_eq(kvcache_append(kv, l, pos, CHUNK, k, v), 0);
+		}
+		kvcache_set_n_tokens(kv, pos + CHUNK);
+	}
+	size_t global = 0, local = 0, per_tok_global = 0, per_tok_local = 0;
+	int n_global = 0, n_local = 0;
+	for (int l = 0; l < sh.n_layers; l++) {
+		size_t bb = kvstore_block_bytes(kv, l);
+		int64_t held = kvstore_blocks_held(kv, l, 0);
+		if (kvcache_layer_window(&sh, l)) {
+			ck_assert_int_le(held, (sh.window + BT - 1) / BT + 1);
+			local += (size_t)held * bb;
+			per_tok_local = bb / BT;
+			n_local++;
+		} else {
+			ck_assert_int_eq(held, n_ctx / BT);
+			global += (size_t)held * bb;
+			per_tok_global = bb / BT;
+			n_global++;
+		}
+	}
+	ck_assert_int_eq(n_global, 3);
+	ck_assert_int_eq(n_local, 15);
+	ck_assert_uint_eq(kvstore_bytes_allocated(kv), global + local);
+	size_t all = kvcache_memory_bytes(kv);
+	fprintf(stderr,
+		"32k: %s, %lld tokens: KV %zu bytes in all (blocks %zu: 3 global layers %zu = %zu bytes/token/layer, "
+		"15 local layers %zu = %zu blocks x %zu bytes, %zu bytes/token/layer within the window); "
+		"every layer global would be %zu\n",
+		KV_DEFAULT_SPEC, (long long)n_ctx, all, global + local, global, per_tok_global, local,
+		(size_t)(local / (size_t)kvstore_block_bytes(kv, 0)), (size_t)kvstore_block_bytes(kv, 0), per_tok_local,
+		(size_t)n_ctx * kvcache_bytes_per_token(kv));
+	/*
+	 * The window bounds the local layers: the blocks are far below every
+	 * layer holding every position. (The rest of kvcache_memory_bytes() is
+	 * format state, mostly pk's stage, sized by the largest append: here
+	 * CHUNK rows per side.)
+	 */
+	ck_assert_uint_lt(global + local, (size_t)n_ctx * kvcache_bytes_per_token(kv) / 4);
+	free(k);
+	free(v);
+	free(q);
+	kvcache_free(kv);
+	kvplan_free(plan);
+}
+END_TEST
+
 int main(void)
 {
 	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -279,6 +357,7 @@ int main(void)
 	tcase_add_test(tc, gemma_tokenize_matches_llamacpp);
 	tcase_add_test(tc, gemma_greedy_matches_llamacpp);
 	tcase_add_test(tc, gemma_window_drop_equals_full_cache);
+	tcase_add_test(tc, gemma_32k_context_bytes);
 	suite_add_tcase(s, tc);
 	int r = test_run_suite(s);
 	tokenizer_free(tok);

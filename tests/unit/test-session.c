@@ -402,7 +402,7 @@ END_TEST
  */
 START_TEST(test_windowed_round_trip)
 {
-	static const char *const wspecs[] = { NULL, "q8_0", "tq4:tq3", "pk4:tq3,2=q4_0+h:f16" };
+	static const char *const wspecs[] = { NULL, "q8_0", "tq4:tq3", "pk4:tq3,2=q4_0+h:f16", "pk4:pq" };
 	window = 45;
 	for (size_t c = 0; c < ARRAY_SIZE(wspecs); c++) {
 		const char *spec = wspecs[c];
