@@ -36,6 +36,7 @@ typedef struct KvstatsOptions {
 	LabCommon common;
 	const char *text_path;
 	long skip;
+	long last;  /* --last: the out column over the last N tokens only (0: all) */
 	int rounds; /* 0: the type's own; 1 or 2: Hadamard rounds of TQ codecs (K/V columns only) */
 	char *specs[KVSTATS_MAX_SPECS];
 	int n_specs;
@@ -83,18 +84,21 @@ static void usage(FILE *f)
 		"      --skip N         tokens of the text skipped first (default 0)\n"
 		"      --rounds N       K/V columns: TQ codecs with N (1 or 2) Hadamard rounds\n"
 		"                       instead of the type's (the out column keeps the type's)\n"
+		"      --last N         the out column over the last N tokens only (their\n"
+		"                       queries over the whole context: long-context error)\n"
 		LAB_COMMON_HELP);
 }
 
 static int parse_args(int argc, char **argv, KvstatsOptions *o)
 {
-	enum { OPT_SKIP = 0x2000, OPT_ROUNDS };
+	enum { OPT_SKIP = 0x2000, OPT_ROUNDS, OPT_LAST };
 	static const struct option longopts[] = {
 		LAB_COMMON_LONGOPTS,
 		{ "kv", required_argument, NULL, 'k' },
 		{ "text", required_argument, NULL, 'f' },
 		{ "skip", required_argument, NULL, OPT_SKIP },
 		{ "rounds", required_argument, NULL, OPT_ROUNDS },
+		{ "last", required_argument, NULL, OPT_LAST },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -118,6 +122,10 @@ static int parse_args(int argc, char **argv, KvstatsOptions *o)
 			break;
 		case OPT_SKIP:
 			if ((o->skip = lab_parse_long("--skip", optarg, 0, 1L << 40)) < 0)
+				return -1;
+			break;
+		case OPT_LAST:
+			if ((o->last = lab_parse_long("--last", optarg, 1, 1L << 40)) < 0)
 				return -1;
 			break;
 		case OPT_ROUNDS:
@@ -281,12 +289,14 @@ typedef struct LayerStats {
 
 /* All layers of one spec into ls (n_layers,). Returns 0 or -1 (message printed). */
 static int spec_stats(const Model *m, ThreadPool *tp, const Capture *c, const char *spec,
-		      int rounds, LayerStats *ls, double *ret_bits)
+		      int rounds, int64_t last, LayerStats *ls, double *ret_bits)
 {
 	const ModelConfig *cfg = &m->cfg;
 	_cleanup_(kvcache_freep) KvCache *kv = NULL;
 	if (lab_kvcache_new(m, spec, c->T, &kv, ret_bits) < 0)
 		return -1;
+	if (kvstore_is(kv))
+		kvstore_set_keep_all(kv, true); /* every row read back below; attention is the same */
 	_cleanup_(kvplan_freep) KvPlan *plan = NULL;
 	Error err = { 0 };
 	if (strcmp(spec, "f32") != 0 &&
@@ -305,10 +315,11 @@ static int spec_stats(const Model *m, ThreadPool *tp, const Capture *c, const ch
 		}
 	}
 	kvcache_set_n_tokens(kv, c->T);
+	int64_t from = last > 0 && last < c->T ? c->T - last : 0; /* the out column's first token */
 	for (int l = 0; l < cfg->n_layers; l++) {
 		memset(&ls[l], 0, sizeof(ls[l]));
-		size_t qat = (size_t)l * c->T * c->qdim;
-		if (kvcache_attend(kv, tp, l, 0, c->T, c->q + qat, out) != 0) {
+		size_t qat = (size_t)l * c->T * c->qdim + (size_t)from * c->qdim;
+		if (kvcache_attend(kv, tp, l, from, c->T - from, c->q + qat, out) != 0) {
 			fprintf(stderr, "turbokv-lab: --kv %s: attention failed\n", spec);
 			return -1;
 		}
@@ -318,7 +329,7 @@ static int spec_stats(const Model *m, ThreadPool *tp, const Capture *c, const ch
 			    recon_error(c, kv, &lt->v, l, KV_ROLE_V, cfg->n_kv_heads, rounds, &ls[l].v) < 0)
 				return -1;
 		}
-		for (int64_t i = 0; i < c->T * cfg->n_heads; i++)
+		for (int64_t i = 0; i < (c->T - from) * cfg->n_heads; i++)
 			err_add(&ls[l].out, c->out + qat + i * cfg->head_dim, out + i * cfg->head_dim,
 				cfg->head_dim);
 	}
@@ -464,7 +475,7 @@ int cmd_kvstats(int argc, char **argv)
 	}
 	for (int i = 0; i < o.n_specs; i++) {
 		double bits = 0;
-		if (spec_stats(m, tp, &c, o.specs[i], o.rounds, ls, &bits) < 0) {
+		if (spec_stats(m, tp, &c, o.specs[i], o.rounds, o.last, ls, &bits) < 0) {
 			fprintf(stderr, "turbokv-lab kvstats: --kv %s failed\n", o.specs[i]);
 			goto out;
 		}
