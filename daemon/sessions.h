@@ -150,6 +150,17 @@ void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, u
 /* SessionSave: write uid's session name now, answer with its SessionInfo. */
 void sessions_save_request(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id);
 
+/*
+ * The folder sub of uid's directory (<state-dir>/sessions/<uid>/<sub>),
+ * with the uid's directory created 0700 when create: an fd (O_NOFOLLOW,
+ * O_DIRECTORY) or -errno. Only ever opened for uid: the anonymous prefix
+ * spills (prefixspill.h) live there, beside the sessions but never
+ * listed, counted or named as one.
+ */
+int sessions_dir_open(Sessions *ss, uid_t uid, const char *sub, bool create);
+/* What files read for this daemon are checked against (model, shape, KV plan). */
+const SessionExpect *sessions_expect(const Sessions *ss);
+
 /* For StatusReply. */
 unsigned sessions_n_in_memory(const Sessions *ss);
 uint64_t sessions_memory_bytes(const Sessions *ss);
