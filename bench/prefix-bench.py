@@ -45,6 +45,8 @@ class Daemon:
     def __init__(self, daemon, tmp, extra):
         self.sock = os.path.join(tmp, "turbokvd.sock")
         notify = os.path.join(tmp, "notify")
+        if os.path.exists(notify):
+            os.unlink(notify)  # a restart on the same directory (--restart)
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify.bind(notify)
         self.notify.settimeout(1)

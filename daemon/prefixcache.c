@@ -351,7 +351,8 @@ bool prefixcache_prepare(PrefixCache *pc, uid_t uid, const int32_t *tokens, size
 	}
 	for (size_t i = 0; i < pc->n; i++) {
 		const Entry *e = &pc->entries[i];
-		size_t len = e->uid == uid && e->where == ENTRY_ON_DISK ? entry_key_match(e, tokens, n) : 0;
+		bool spilled = e->where == ENTRY_ON_DISK || e->where == ENTRY_SAVING;
+		size_t len = e->uid == uid && spilled ? entry_key_match(e, tokens, n) : 0;
 		if (len > best_mem && len > best_len) {
 			best = i;
 			best_len = len;
@@ -359,6 +360,8 @@ bool prefixcache_prepare(PrefixCache *pc, uid_t uid, const int32_t *tokens, size
 	}
 	if (best == SIZE_MAX)
 		return false;
+	if (pc->entries[best].where == ENTRY_SAVING)
+		return true; /* being written: wait for its end, then load it */
 	pc->entries[best].where = ENTRY_LOADING;
 	pc->io.load(pc->io.userdata, uid, pc->entries[best].name);
 	return true;

@@ -27,9 +27,9 @@
  *
  * so that after a restart the index is a directory listing: no file is
  * read to decide whether it matches. A request matches an entry when its
- * first n_a (else n_b) tokens hash to A (B), n_a (n_b) below its prompt
+ * first n_a (else n_b) tokens hash to A (B), n_a (n_b) at most its prompt
  * length; then the file is loaded (on the I/O worker; requests of that
- * uid wait meanwhile: prefixcache_loading()), its tokens are compared
+ * uid wait meanwhile: prefixcache_prepare()), its tokens are compared
  * for real, and the cache goes into memory and the file is deleted. A
  * spilled entry is also deleted when it is superseded: a new entry of
  * the same uid holds its n_a tokens as a prefix. Bounds on disk, per uid:
@@ -107,9 +107,12 @@ KvCache *prefixcache_take(PrefixCache *pc, uid_t uid, const int32_t *tokens, siz
 			  size_t *ret_keep);
 
 /*
- * Before a request of uid with prompt tokens (n,) is admitted: when a
+ * Whether a request of uid with prompt tokens (n,) must wait before it is
+ * admitted (the scheduler asks each time it could admit it): when a
  * spilled entry of uid matches a longer prefix than any entry in memory,
- * start loading it. Returns true if a load of uid's runs now.
+ * its load starts (or, while it is still being written, waits for that
+ * to end). Returns true while a load of uid's, or the write of the best
+ * match, runs; their ends wake the scheduler.
  */
 bool prefixcache_prepare(PrefixCache *pc, uid_t uid, const int32_t *tokens, size_t n);
 

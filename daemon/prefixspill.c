@@ -59,6 +59,7 @@ static void save_done(WorkerJob *wj)
 			  (unsigned)j->uid, j->st.n_tokens, j->name, (unsigned long long)j->bytes,
 			  (now_ns() - j->t0) / 1e6);
 	prefixcache_saved(j->m->prefixes, j->uid, j->name, j->r, j->bytes);
+	scheduler_wake(j->m->scheduler); /* a request may wait for this file to load it */
 	free(j);
 }
 

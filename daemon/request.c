@@ -663,8 +663,6 @@ int request_new_consume_fds(Manager *m, Connection *c, const Turbokv__V1__Genera
 		goto out;
 	}
 	text_stream_init(&r->stream, r->stops, r->stop_lens, r->n_stops);
-	if (!r->session)
-		(void)prefixcache_prepare(m->prefixes, r->uid, r->tokens, r->n_prompt); /* a spilled prefix loads */
 	*ret = TAKE_PTR(r);
 	k = 0;
 out:

@@ -125,7 +125,7 @@ static void scheduler_admit(Scheduler *s)
 	/*
 	 * A request whose session is being saved waits (sessions_ready()), and
 	 * one without a session while a spilled prefix cache of its uid loads
-	 * (prefixcache_loading()); its connection keeps its turn.
+	 * (prefixcache_prepare() starts that); its connection keeps its turn.
 	 */
 	for (unsigned skipped = 0; s->n_active < MANAGER_MAX_ACTIVE_REQUESTS && s->n_waiting > skipped;) {
 		Connection *c = waiting_pop(s);
@@ -133,7 +133,7 @@ static void scheduler_admit(Scheduler *s)
 		if (!r)
 			continue;
 		if ((r->session && !sessions_ready(r->session)) ||
-		    (!r->session && prefixcache_loading(m->prefixes, r->uid))) {
+		    (!r->session && prefixcache_prepare(m->prefixes, r->uid, r->tokens, r->n_prompt))) {
 			waiting_push(s, c);
 			skipped++;
 			continue;

@@ -22,6 +22,8 @@
  *       quarantine/<name>.tkvs.<unix-ms>
  *                                    files that failed to load, moved aside
  *                                    untouched for inspection
+ *       prefixes/                    anonymous prefix caches (prefixspill.h):
+ *                                    not sessions, never listed as such
  *
  * Everything under the state directory is opened relative to a directory
  * fd with O_NOFOLLOW (files also O_NONBLOCK, their type checked with
