@@ -121,14 +121,20 @@ def main():
             try:
                 live.append(Daemon(args.daemon, tmp, extra + flags))
                 try:
-                    results[mode].append(chat(live[0], args.turns, args.answer, restart if args.restart else None))
+                    res = chat(live[0], args.turns, args.answer, restart if args.restart else None)
                 finally:
                     live[0].stop()
+                # the daemon's own account of reading the spilled cache back (prefixspill.c)
+                loads = [float(x.split(" in ")[-1].split(" ms")[0]) for x in live[0].log
+                         if "restored a prefix cache" in x]
+                res["load_ms"] = loads[-1] if loads else 0.0
+                results[mode].append(res)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     out = {}
     for mode, rs in results.items():
-        out[mode] = {k: statistics.median(r[k] for r in rs) for k in ("prompt", "cached", "prefill_ms", "ttft_ms")}
+        out[mode] = {k: statistics.median(r[k] for r in rs)
+                     for k in ("prompt", "cached", "prefill_ms", "ttft_ms", "load_ms")}
         out[mode]["runs"] = rs
     out["ttft_ratio"] = out["none"]["ttft_ms"] / max(out["reuse"]["ttft_ms"], 1e-9)
     if args.json:
@@ -140,8 +146,9 @@ def main():
              "reuse": "spilled (default)" if args.restart else "prefix reuse (default)"}
     for mode in ("none", "reuse"):
         o = out[mode]
-        print("  %-30s prompt %5d tokens, cached %5d, prefill %8.1f ms, time to first token %8.1f ms" %
-              (names[mode], o["prompt"], o["cached"], o["prefill_ms"], o["ttft_ms"]))
+        print("  %-30s prompt %5d tokens, cached %5d, prefill %8.1f ms, time to first token %8.1f ms%s" %
+              (names[mode], o["prompt"], o["cached"], o["prefill_ms"], o["ttft_ms"],
+               ", file load %.1f ms" % o["load_ms"] if o["load_ms"] else ""))
     print("  time to first token: %.2fx faster with %s" % (out["ttft_ratio"], "the spill" if args.restart
                                                             else "reuse"))
     return 0
