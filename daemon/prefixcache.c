@@ -5,6 +5,7 @@
  * few uids, so a linear scan per request costs nothing next to one
  * prefill chunk.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -79,6 +80,9 @@ uint64_t prefixcache_hash(const int32_t *tokens, size_t n)
 		}
 	return h;
 }
+
+/* "<n_a>-<A>-<n_b>-<B>.tkvs": two u32 in decimal, two u64 in 16 hex digits, three dashes, the suffix, NUL */
+static_assert(PREFIXCACHE_NAME_MAX >= 2 * 10 + 2 * 16 + 3 + 5 + 1, "a spilled entry's name must fit");
 
 static void key_name(uint32_t n_a, uint64_t h_a, uint32_t n_b, uint64_t h_b, char buf[PREFIXCACHE_NAME_MAX])
 {
