@@ -18,7 +18,7 @@
 
 typedef enum Key {
 	KEY_MODEL, KEY_KV, KEY_DEVICE, KEY_THREADS, KEY_CTX, KEY_SOCKET, KEY_STATE_DIR,
-	KEY_SESSION_MEMORY, KEY_SESSION_MAX, KEY_SESSION_DISK, KEY_CLIENT_BUFFER, KEY_CONNECTIONS_PER_USER, KEY_IDLE_TIMEOUT, KEY_ANSWER_TOKENS, KEY_ON_OVERFLOW, KEY_PREFIX_CACHE, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
+	KEY_SESSION_MEMORY, KEY_SESSION_MAX, KEY_SESSION_DISK, KEY_CLIENT_BUFFER, KEY_CONNECTIONS_PER_USER, KEY_IDLE_TIMEOUT, KEY_ANSWER_TOKENS, KEY_ON_OVERFLOW, KEY_PREFIX_CACHE, KEY_PREFIX_SPILL, KEY_CONFIG, KEY_HELP, KEY_VERSION, _KEY_MAX,
 } Key;
 
 /* Name as flag (--name), file key (name) and environment (TURBOKV_NAME, '-' as '_'). */
@@ -29,7 +29,7 @@ static const char *const key_names[_KEY_MAX] = {
 	[KEY_CLIENT_BUFFER] = "client-buffer",
 	[KEY_CONNECTIONS_PER_USER] = "connections-per-user", [KEY_IDLE_TIMEOUT] = "idle-timeout",
 	[KEY_ANSWER_TOKENS] = "answer-tokens", [KEY_ON_OVERFLOW] = "on-overflow",
-	[KEY_PREFIX_CACHE] = "prefix-cache",
+	[KEY_PREFIX_CACHE] = "prefix-cache", [KEY_PREFIX_SPILL] = "prefix-spill",
 	[KEY_SESSION_MAX] = "session-max", [KEY_SESSION_DISK] = "session-disk",
 	[KEY_CONFIG] = "config", [KEY_HELP] = "help", [KEY_VERSION] = "version",
 };
@@ -62,6 +62,9 @@ void config_usage(void)
 	       "  --prefix-cache N       caches of recent requests without a session kept per user,\n"
 	       "                         so a client resending its history prefills only what is new\n"
 	       "                         (0..64, 0 off; default 4)\n"
+	       "  --prefix-spill N       of those, files kept on disk per user, so that they outlive\n"
+	       "                         a restart or their eviction from memory (0..64, 0 memory\n"
+	       "                         only; default 8; at most --session-disk / 8 bytes)\n"
 	       "  --on-overflow error|drop-oldest  what a request or session that chose no context\n"
 	       "                         policy does when it would not fit: refuse (default) or drop\n"
 	       "                         the oldest turns\n"
@@ -207,6 +210,12 @@ static int config_set(Config *c, Key key, const char *value, const char *where, 
 					 CONFIG_PREFIX_CACHE_MAX);
 		c->prefix_cache = (unsigned)v;
 		break;
+	case KEY_PREFIX_SPILL:
+		if (parse_int(value, 0, CONFIG_PREFIX_SPILL_MAX, &v) < 0)
+			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not an integer in [0, %u]", where, value,
+					 CONFIG_PREFIX_SPILL_MAX);
+		c->prefix_spill = (unsigned)v;
+		break;
 	case KEY_ON_OVERFLOW:
 		if (strcmp(value, "error") != 0 && strcmp(value, "drop-oldest") != 0)
 			return error_set(err, CONFIG_E_USAGE, "%s: '%s' is not one of error, drop-oldest", where, value);
@@ -324,6 +333,7 @@ static int config_defaults(Config *c)
 	c->idle_timeout_s = CONFIG_IDLE_TIMEOUT_DEFAULT_S;
 	c->answer_tokens = CONFIG_ANSWER_TOKENS_DEFAULT;
 	c->prefix_cache = CONFIG_PREFIX_CACHE_DEFAULT;
+	c->prefix_spill = CONFIG_PREFIX_SPILL_DEFAULT;
 	model_default_path(buf, sizeof(buf));
 	if (set_string(&c->model_path, buf) < 0 || set_string(&c->kv_spec, KV_DEFAULT_SPEC) < 0)
 		return -ENOMEM;
@@ -372,6 +382,7 @@ int config_load(Config *c, int argc, char **argv, Error *err)
 		{ "answer-tokens", required_argument, NULL, KEY_ANSWER_TOKENS },
 		{ "on-overflow", required_argument, NULL, KEY_ON_OVERFLOW },
 		{ "prefix-cache", required_argument, NULL, KEY_PREFIX_CACHE },
+		{ "prefix-spill", required_argument, NULL, KEY_PREFIX_SPILL },
 		{ "config", required_argument, NULL, KEY_CONFIG },
 		{ "help", no_argument, NULL, KEY_HELP },
 		{ "version", no_argument, NULL, KEY_VERSION },

@@ -23,6 +23,8 @@
  *                                          max_tokens, 0..2^24, 0 none (1024)
  *   --prefix-cache N   prefix-cache=N      TURBOKV_PREFIX_CACHE    anonymous prefix caches kept per uid,
  *                                          0..64, 0 off (4; daemon/prefixcache.h)
+ *   --prefix-spill N   prefix-spill=N      TURBOKV_PREFIX_SPILL    of those, files on disk per uid,
+ *                                          0..64, 0 memory only (8; daemon/prefixspill.h)
  *   --on-overflow P    on-overflow=P       TURBOKV_ON_OVERFLOW     error | drop-oldest: the context
  *                                          policy of requests and sessions that choose none (error)
  *   --config FILE      -                   TURBOKV_CONFIG
@@ -65,6 +67,7 @@ typedef struct Config {
 	unsigned idle_timeout_s; /* a connection with nothing in flight is closed after this; 0: never */
 	uint32_t answer_tokens;  /* max_tokens of a request that gives none; 0: until the context is full */
 	unsigned prefix_cache;   /* anonymous prefix caches per uid (prefixcache.h); 0: none */
+	unsigned prefix_spill;   /* of those, files on disk per uid (prefixspill.h); 0: memory only */
 	bool drop_oldest;        /* --on-overflow drop-oldest: the default policy is CONTEXT_POLICY_TRUNCATE_OLDEST */
 	char *config_path;
 	bool help;
@@ -79,6 +82,8 @@ typedef struct Config {
 #define CONFIG_ANSWER_TOKENS_DEFAULT 1024u
 #define CONFIG_PREFIX_CACHE_DEFAULT 4u
 #define CONFIG_PREFIX_CACHE_MAX 64u /* = PREFIXCACHE_MAX_PER_UID */
+#define CONFIG_PREFIX_SPILL_DEFAULT 8u
+#define CONFIG_PREFIX_SPILL_MAX 64u
 #define CONFIG_ANSWER_TOKENS_MAX (1u << 24) /* = PROTOCOL_MAX_MAX_TOKENS */
 
 /* Positive codes of this module. */

@@ -17,6 +17,7 @@
 #include "daemon/log.h"
 #include "daemon/manager.h"
 #include "daemon/prefixcache.h"
+#include "daemon/prefixspill.h"
 #include "daemon/scheduler.h"
 #include "daemon/sessions.h"
 #include "daemon/worker.h"
@@ -46,8 +47,9 @@ Manager *manager_free(Manager *m)
 	sd_event_source_disable_unref(m->sweep);
 	while (m->connections)
 		connection_free(m->connections);
-	m->sessions = sessions_free(m->sessions); /* after the requests gave their sessions back */
+	prefixcache_spill_all(m->prefixes); /* what the requests gave back last; needs the sessions' folders */
 	m->prefixes = prefixcache_free(m->prefixes);
+	m->sessions = sessions_free(m->sessions); /* after the requests gave their sessions back */
 	m->scheduler = scheduler_free(m->scheduler);
 	m->listener = listener_free(m->listener);
 	model_run_free(m->run);
@@ -442,6 +444,7 @@ int manager_startup(Manager *m)
 		return log_error_errno(r, "out of memory");
 	if ((r = sessions_new(m, &m->sessions)) < 0)
 		return r;
+	prefixspill_attach(m);
 	if ((r = listener_new(m, cfg->socket_path, &m->listener)) < 0)
 		return r;
 
@@ -468,6 +471,7 @@ void manager_shutdown(Manager *m)
 		(void)sd_notify(false, "STOPPING=1");
 	(void)sd_notify(false, "STATUS=Stopped");
 	worker_drain(m->worker); /* the job in flight gives its sessions back */
+	prefixcache_spill_all(m->prefixes); /* written now, on this thread, as the sessions are */
 	worker_drain(m->io_worker);
 	sessions_save_all(m->sessions);
 }

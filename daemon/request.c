@@ -413,6 +413,57 @@ static void request_untokenize(Request *r)
 }
 
 /*
+ * CONTEXT_POLICY_TRUNCATE_OLDEST without a session: the request's own
+ * history (a stateless client sends it whole every time) loses whole
+ * oldest turns as a session's would: a user message and the answers
+ * after it; never a system message, never the last user message or what
+ * follows it (the new turn, which also holds the attachments). Until the
+ * prompt is within limit tokens, or nothing more may go.
+ */
+static int request_build_prompt_anon(Request *r, Manager *m, const Turbokv__V1__Generate *g, const Buf *att,
+				     int64_t limit, Error *err)
+{
+	const Turbokv__V1__Chat *chat = g->chat;
+	size_t n = chat->n_messages, last_user = n, first = 0;
+	_cleanup_(freep) Turbokv__V1__ChatMessage **kept = calloc_array(n, sizeof(*kept));
+	_cleanup_(freep) uint8_t *drop = calloc(n ? n : 1, 1);
+	Turbokv__V1__Chat c2 = *chat;
+	Turbokv__V1__Generate g2 = *g;
+	int k;
+
+	if (!kept || !drop)
+		return error_set(err, -ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		if (chat->messages[i]->role == TURBOKV__V1__ROLE__ROLE_USER)
+			last_user = i;
+	g2.chat = &c2;
+	for (;;) {
+		c2.n_messages = 0;
+		for (size_t i = 0; i < n; i++)
+			if (!drop[i])
+				kept[c2.n_messages++] = chat->messages[i];
+		c2.messages = kept;
+		if ((k = request_tokenize(r, m, &g2, NULL, att, err)) != 0)
+			return k;
+		if (!first)
+			first = r->n_prompt;
+		if ((int64_t)r->n_prompt <= limit)
+			break;
+		size_t i = 0;
+		while (i < last_user && (drop[i] || chat->messages[i]->role == TURBOKV__V1__ROLE__ROLE_SYSTEM))
+			i++;
+		if (i >= last_user)
+			break;
+		drop[i++] = 1;
+		while (i < last_user && chat->messages[i]->role == TURBOKV__V1__ROLE__ROLE_ASSISTANT)
+			drop[i++] = 1;
+		request_untokenize(r);
+	}
+	r->n_dropped = (uint32_t)(first - r->n_prompt);
+	return 0;
+}
+
+/*
  * Build the prompt; with CONTEXT_POLICY_TRUNCATE_OLDEST drop whole oldest
  * turns (chat sessions) or the oldest tokens after BOS (raw sessions)
  * until the prompt leaves request_reserve() tokens, counting the dropped
@@ -427,10 +478,14 @@ static int request_build_prompt(Request *r, Manager *m, const Turbokv__V1__Gener
 	Buf att = { 0 };
 	int k;
 
-	if (r->policy != TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST || !st)
+	if (r->policy != TURBOKV__V1__CONTEXT_POLICY__CONTEXT_POLICY_TRUNCATE_OLDEST || (!st && !chat))
 		return request_tokenize(r, m, g, fds, NULL, err);
 	if ((k = attachments_read(m, g, fds, &att, err)) != 0)
 		goto out;
+	if (!st) {
+		k = request_build_prompt_anon(r, m, g, &att, limit, err);
+		goto out;
+	}
 	if (chat && st->n_messages) {
 		r->n_drop = st->n_messages;
 		if (!(r->drop = calloc(r->n_drop, 1))) {
@@ -487,7 +542,9 @@ static int request_check_context(Request *r, Manager *m, const Turbokv__V1__Gene
 		snprintf(how, sizeof(how), "%s", r->session
 			 ? "; only the system prompt, turns holding attachments and this request's turns are left: "
 			   "shorten the question or start a new session"
-			 : "; a request without a session has no older turns to drop: shorten it");
+			 : g->input_case == TURBOKV__V1__GENERATE__INPUT_CHAT
+			 ? "; only the system prompt and the last user turn are left: shorten them"
+			 : "; a raw prompt without a session has no older turns to drop: shorten it");
 	else if (r->session)
 		snprintf(how, sizeof(how), "; use --on-overflow drop-oldest (CONTEXT_POLICY_TRUNCATE_OLDEST) to drop "
 			 "the oldest turns, or start a new session");
@@ -678,7 +735,8 @@ Request *request_free(Request *r)
 		const Config *cfg = r->manager->config;
 		uint64_t used = sessions_memory_bytes(r->manager->sessions);
 		uint64_t budget = cfg->session_memory > used ? cfg->session_memory - used : 0;
-		(void)prefixcache_put(r->manager->prefixes, r->uid, TAKE_PTR(r->kv), r->tokens, r->n_tokens, budget);
+		(void)prefixcache_put(r->manager->prefixes, r->uid, TAKE_PTR(r->kv), r->tokens, r->n_tokens, r->n_prompt,
+				      budget);
 	}
 	for (size_t i = 0; i < r->n_turns; i++)
 		free(r->turns[i].text);

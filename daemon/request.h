@@ -43,7 +43,11 @@
  * session its oldest tokens after BOS, until the prompt leaves
  * min(max_tokens, context / 2) tokens for the answer; the kept prompt is
  * prefilled again past the common prefix, Done.dropped_tokens counts what
- * went, and the session forgets the dropped turns.
+ * went, and the session forgets the dropped turns. A chat without a
+ * session (a stateless client sending its whole history) drops the same
+ * way from its own messages: whole oldest turns, never a system message,
+ * never the last user message or what follows it; a raw prompt without a
+ * session has no turns and is refused.
  *
  * Sessions: a Generate naming a session continues it. A chat session
  * keeps its messages (the assistant's answers as generated text): the

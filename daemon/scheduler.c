@@ -15,6 +15,7 @@
 #include "daemon/connection.h"
 #include "daemon/log.h"
 #include "daemon/request.h"
+#include "daemon/prefixcache.h"
 #include "daemon/scheduler.h"
 #include "daemon/sessions.h"
 #include "daemon/worker.h"
@@ -121,13 +122,18 @@ static void scheduler_admit(Scheduler *s)
 {
 	Manager *m = s->manager;
 
-	/* A request whose session is being saved waits (sessions_ready()); its connection keeps its turn. */
+	/*
+	 * A request whose session is being saved waits (sessions_ready()), and
+	 * one without a session while a spilled prefix cache of its uid loads
+	 * (prefixcache_prepare() starts that); its connection keeps its turn.
+	 */
 	for (unsigned skipped = 0; s->n_active < MANAGER_MAX_ACTIVE_REQUESTS && s->n_waiting > skipped;) {
 		Connection *c = waiting_pop(s);
 		Request *r = c->dead ? NULL : connection_oldest_queued(c);
 		if (!r)
 			continue;
-		if (r->session && !sessions_ready(r->session)) {
+		if ((r->session && !sessions_ready(r->session)) ||
+		    (!r->session && prefixcache_prepare(m->prefixes, r->uid, r->tokens, r->n_prompt))) {
 			waiting_push(s, c);
 			skipped++;
 			continue;

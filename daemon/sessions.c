@@ -1014,6 +1014,30 @@ void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, u
 	connection_send(c, &msg);
 }
 
+int sessions_dir_open(Sessions *ss, uid_t uid, const char *sub, bool create)
+{
+	int dfd = uid_dir_open(ss, uid, create);
+	if (dfd < 0)
+		return dfd;
+	if (create && mkdirat(dfd, sub, 0700) < 0 && errno != EEXIST) {
+		int r = -errno;
+		safe_close(dfd);
+		return r;
+	}
+	int fd = openat(dfd, sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	int r = -errno;
+	safe_close(dfd);
+	if (fd < 0)
+		return r;
+	(void)fchmod(fd, 0700);
+	return fd;
+}
+
+const SessionExpect *sessions_expect(const Sessions *ss)
+{
+	return &ss->expect;
+}
+
 unsigned sessions_n_in_memory(const Sessions *ss)
 {
 	unsigned n = 0;

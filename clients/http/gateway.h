@@ -1,7 +1,8 @@
 /*
  * gateway.h: the HTTP side of turbokv-http: libmicrohttpd daemons on
- * listening sockets the caller opened, routing, limits, and one libturbokv
- * connection per generation (gateway.c). main.c owns options, the
+ * listening sockets the caller opened, routing, limits, and a libturbokv
+ * connection per generation, kept for reuse in a DaemonPool (gateway.c,
+ * daemonpool.c). main.c owns options, the
  * configuration file and the sockets.
  */
 #pragma once

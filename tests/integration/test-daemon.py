@@ -1010,20 +1010,36 @@ POLICY = dict(ERROR=0, TRUNCATE_OLDEST=1, STOP_AT_LIMIT=2)
 
 
 def case_context_policy(args, tmp):
-    """TRUNCATE_OLDEST without a session has nothing to drop: CONTEXT_OVERFLOW saying so; STOP_AT_LIMIT runs."""
+    """TRUNCATE_OLDEST without a session: a raw prompt has nothing to drop (CONTEXT_OVERFLOW saying so), a chat
+    drops its own oldest turns; STOP_AT_LIMIT runs."""
     d = Daemon(args, tmp, extra=["--ctx", "256"])
     d.wait_ready()
     c = w.Conn(d.sock)
     c.hello()
     long_raw = ("hello " * 400).encode()
-    for rid, msg in ((1, w.generate(1, raw=long_raw, max_tokens=4)),
-                     (2, w.generate(2, messages=[(1, "Be brief.")] + [(2, "hello " * 100), (3, "ok")] * 3 +
-                                    [(2, "And now?")], max_tokens=4))):
-        c.send(with_policy(msg, POLICY["TRUNCATE_OLDEST"]))
-        res = w.collect(c, rid)
-        assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
-        assert "no older turns to drop" in res.error[1], res.error
-        assert not res.tokens
+    c.send(with_policy(w.generate(1, raw=long_raw, max_tokens=4), POLICY["TRUNCATE_OLDEST"]))
+    res = w.collect(c, 1)
+    assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
+    assert "no older turns to drop" in res.error[1], res.error
+    assert not res.tokens
+    # a stateless chat drops its own oldest turns, as a session would (the system prompt and the new turn stay)
+    system, last = [(1, "Be brief.")], [(2, "And now?")]
+    hist = [(2, "hello " * 100), (3, "ok")] * 3
+    c.send(with_policy(w.generate(2, messages=system + hist + last, max_tokens=4), POLICY["TRUNCATE_OLDEST"]))
+    res = w.collect(c, 2)
+    assert res.error is None, res.error
+    kept = w.first(res.done, 3)
+    assert w.first(res.done, 6) > 0 and kept + 4 <= 256, res.done
+    # what was kept is exactly the system prompt, the newest whole turns that fit and the question
+    c.send(w.generate(6, messages=system + hist[2:] + last, max_tokens=4))
+    ref = w.collect(c, 6)
+    assert ref.error is None and w.first(ref.done, 3) == kept and ref.tokens == res.tokens, (ref.done, res.done)
+    # only the system prompt and the question left, still too long: refused, saying so
+    c.send(with_policy(w.generate(7, messages=system + hist + [(2, "why " * 300)], max_tokens=4),
+                       POLICY["TRUNCATE_OLDEST"]))
+    res = w.collect(c, 7)
+    assert res.error and res.error[0] == w.E["CONTEXT_OVERFLOW"], res.error
+    assert "only the system prompt and the last user turn" in res.error[1], res.error
     # ERROR (the default): a max_tokens beyond the room is refused, saying how to go on
     c.send(w.generate(3, user=PROMPTS[0], max_tokens=1000))
     res = w.collect(c, 3)
@@ -1169,6 +1185,116 @@ def case_prefix_reuse(args, tmp):
     assert w.first(r3.done, 4) == 0, r3.done
     assert r3.tokens == r2.tokens, ("reused prefix changed the answer", r2.tokens, r3.tokens)
     c.close()
+    d.stop()
+    return 0
+
+
+def prefix_dir(tmp, uid=0):
+    return os.path.join(sess_dir(tmp, uid), "prefixes")
+
+
+def prefix_files(tmp, uid=0):
+    try:
+        return sorted(f for f in os.listdir(prefix_dir(tmp, uid)))
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(pred, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def anon_chat(d, rid, msgs, n=N_TOKENS):
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.generate(rid, messages=msgs, max_tokens=n))
+    res = sess_ok(w.collect(c, rid))
+    c.close()
+    return res
+
+
+def case_prefix_spill(args, tmp):
+    """Anonymous prefix caches outlive a restart: saved at shutdown as session files under the uid's prefixes/
+    (never listed as sessions), found by their key, loaded, deleted once superseded; the answer is token for token
+    the one computed from scratch; another uid gets nothing; a damaged file is logged, deleted and recomputed."""
+    q1, q2 = PROMPTS
+    extra = ["--ctx", "512"] + SESS_KV
+    os.makedirs(os.path.join(tmp, "ref"))
+    d = sess_daemon(args, os.path.join(tmp, "ref"), extra=extra + ["--prefix-cache", "0"])
+    r1 = anon_chat(d, 1, [(1, "Be brief."), (2, q1)])
+    hist = [(1, "Be brief."), (2, q1), (3, r1.text.decode()), (2, q2)]
+    ref = anon_chat(d, 2, hist)
+    assert w.first(ref.done, 4) == 0, ref.done
+    d.stop()
+    assert prefix_files(os.path.join(tmp, "ref")) == [], "--prefix-cache 0 spilled"
+
+    d = sess_daemon(args, tmp, extra=extra)
+    a1 = anon_chat(d, 1, [(1, "Be brief."), (2, q1)])
+    assert a1.tokens == r1.tokens
+    assert prefix_files(tmp) == [], "spilled while it fits in memory"
+    d.stop()  # SIGTERM: the cache in memory is written
+    files = prefix_files(tmp)
+    assert len(files) == 1 and files[0].endswith(".tkvs"), files
+    st = os.stat(os.path.join(prefix_dir(tmp), files[0]))
+    assert st.st_mode & 0o777 == 0o600 and os.stat(prefix_dir(tmp)).st_mode & 0o777 == 0o700, oct(st.st_mode)
+    n_kv = int(files[0].split("-")[0])
+    assert n_kv >= w.first(a1.done, 3), (files, a1.done)
+
+    d = sess_daemon(args, tmp, extra=extra)
+    assert sess_list(d) == {}, "a prefix file listed as a session"
+    a2 = anon_chat(d, 2, hist)
+    cached = w.first(a2.done, 4)
+    assert cached >= w.first(a1.done, 3), ("the spilled prefix was not reused", a1.done, a2.done)
+    assert a2.tokens == ref.tokens, ("the restored prefix changed the answer", ref.tokens, a2.tokens)
+    assert any("restored a prefix cache" in line for line in d.stderr), "".join(d.stderr[-5:])
+    assert prefix_files(tmp) == [], ("the loaded file was not deleted", prefix_files(tmp))
+    print("restart: %d of %d prompt tokens from the spilled cache, answer identical" % (cached, w.first(a2.done, 3)))
+    d.stop()
+    assert len(prefix_files(tmp)) == 1 and prefix_files(tmp) != files, prefix_files(tmp)  # the longer one
+
+    # another uid sends the very same history: nothing of root's is found, root's file stays
+    os.chmod(tmp, 0o755)
+    d = sess_daemon(args, tmp, extra=extra)
+    os.chmod(os.path.dirname(d.sock), 0o755)
+    os.chmod(d.sock, 0o666)
+    other = sess_as_uid(d, 65534, lambda d: {"cached": w.first(anon_chat(d, 3, hist).done, 4),
+                                             "list": sorted(sess_list(d))})
+    assert other == {"cached": 0, "list": []}, other
+    assert len(prefix_files(tmp)) == 1, prefix_files(tmp)
+
+    # eviction to disk: with one cache in memory, a second conversation spills the first; it comes back
+    d.stop()
+    shutil.rmtree(prefix_dir(tmp))
+    d = sess_daemon(args, tmp, extra=extra + ["--prefix-cache", "1"])
+    anon_chat(d, 4, [(1, "Be brief."), (2, q1)])
+    b1 = anon_chat(d, 5, [(1, "Be terse."), (2, q2)])
+    wait_for(lambda: len(prefix_files(tmp)) == 1, "the evicted cache was not spilled")
+    a2 = anon_chat(d, 6, hist)
+    assert w.first(a2.done, 4) >= w.first(a1.done, 3) and a2.tokens == ref.tokens, a2.done
+    wait_for(lambda: len(prefix_files(tmp)) == 1, "B's cache was not spilled, or A's file not deleted")
+    d.stop()
+    assert len(prefix_files(tmp)) == 2, prefix_files(tmp)  # A (longer now) and B
+
+    # damaged files: one truncated, one with a flipped byte; each is logged and deleted, the prompt recomputed
+    for i, f in enumerate(prefix_files(tmp)):
+        path = os.path.join(prefix_dir(tmp), f)
+        data = bytearray(open(path, "rb").read())
+        if i == 0:
+            data = data[:len(data) // 2]
+        else:
+            data[len(data) // 2] ^= 0x40
+        open(path, "wb").write(bytes(data))
+    d = sess_daemon(args, tmp, extra=extra)
+    a3 = anon_chat(d, 7, hist)
+    assert w.first(a3.done, 4) == 0 and a3.tokens == ref.tokens, a3.done
+    b2 = anon_chat(d, 8, [(1, "Be terse."), (2, q2), (3, b1.text.decode()), (2, q1)])
+    assert w.first(b2.done, 4) == 0, b2.done
+    bad = [line for line in d.stderr if "prefix cache file" in line and "cannot be loaded" in line]
+    assert len(bad) == 2, "".join(d.stderr[-8:])
+    assert prefix_files(tmp) == [], prefix_files(tmp)
     d.stop()
     return 0
 

@@ -19,6 +19,12 @@ on a free loopback port (readiness of both seen on a NOTIFY_SOCKET), then:
               closed connection for slow headers) and the gateway keeps serving;
   disconnect  a client that leaves mid-stream cancels its generation (the
               daemon's Status shows no active request, tokens stop growing).
+  pool        the gateway's kept daemon connections: many sequential requests
+              (streamed, whole, Ollama, model info) do not grow the daemon's
+              connection count; a request after a client hung up mid-stream
+              (a cancelled connection) answers in full; a pooled connection
+              the daemon closed for idleness, and one to a daemon that has
+              since restarted, are replaced and the request still answers.
 The openai and ollama packages come from DIR (scripts/setup-pyclients.sh); a
 missing package fails the test.
 """
@@ -53,12 +59,13 @@ def free_port():
 class Stack:
     """turbokvd + turbokv-http."""
 
-    def __init__(self, args, tmp, config=None, unix=None):
+    def __init__(self, args, tmp, config=None, unix=None, daemon_args=()):
         self.args = args
+        self.tmp = tmp
         self.sock = os.path.join(tmp, "turbokvd.sock")
-        self.daemon = Proc("turbokvd", [args.daemon, "--threads", THREADS, "--socket", self.sock,
-                                        "--state-dir", os.path.join(tmp, "state")], tmp,
-                           env={"XDG_STATE_HOME": os.path.join(tmp, "state")}).wait_ready()
+        self.daemon_cmd = [args.daemon, "--threads", THREADS, "--socket", self.sock,
+                           "--state-dir", os.path.join(tmp, "state")] + list(daemon_args)
+        self.start_daemon()
         self.port = free_port()
         cmd = [args.gateway, "--listen", "127.0.0.1:%d" % self.port, "--socket", self.sock]
         if unix:
@@ -70,6 +77,10 @@ class Stack:
             cmd += ["--config", path]
         self.gateway = Proc("turbokv-http", cmd, tmp).wait_ready()
         self.base = "http://127.0.0.1:%d" % self.port
+
+    def start_daemon(self):
+        self.daemon = Proc("turbokvd", self.daemon_cmd, self.tmp,
+                           env={"XDG_STATE_HOME": os.path.join(self.tmp, "state")}).wait_ready()
 
     def stop(self):
         self.gateway.stop()
@@ -416,6 +427,75 @@ def case_disconnect(args, tmp):
         time.sleep(1)
         assert s.status()["tokens_generated"] == t1, "tokens still being generated"
     still_serving(s)
+    s.stop()
+
+
+def case_pool(args, tmp):
+    s = Stack(args, tmp, daemon_args=["--idle-timeout", "2"])
+    body = {"messages": msgs(QUESTION), "max_tokens": N, "temperature": 0}
+
+    def ask(path="/v1/chat/completions", stream=False):
+        b = dict(body, stream=stream) if path.startswith("/v1/") else \
+            {"messages": body["messages"], "stream": stream, "options": {"num_predict": N, "temperature": 0}}
+        st, _, d = s.request("POST", path, b, {"Content-Type": "application/json"})
+        assert st == 200, (st, d)
+        if path == "/api/chat":
+            lines = [json.loads(x) for x in d.splitlines() if x.strip()] if stream else [json.loads(d)]
+            return "".join(x["message"]["content"] for x in lines)
+        if not stream:
+            return json.loads(d)["choices"][0]["message"]["content"]
+        evs = [json.loads(x[6:]) for x in d.split(b"\n") if x.startswith(b"data: {")]
+        return "".join(c["delta"].get("content") or "" for e in evs for c in e["choices"])
+
+    want = native_answer(args, s, QUESTION)
+    assert ask() == want
+    conns = s.status()["connections"]  # the gateway's kept one and the CLI's own
+    assert conns == 2, conns
+    for i in range(8):
+        assert ask(stream=i % 2 == 1) == want
+        assert ask("/api/chat", stream=i % 2 == 0) == want
+        st, _, _ = s.request("GET", "/v1/models")
+        assert st == 200
+    assert s.status()["connections"] == conns, (s.status()["connections"], conns)
+
+    # A client that leaves mid-stream: its connection was cancelled, so it is
+    # closed rather than kept (a kept one could cancel the next request).
+    long = json.dumps({"messages": msgs("Write a very long story about a dragon."), "stream": True,
+                       "max_tokens": 4000, "temperature": 0.8}).encode()
+    c = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+    c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(long) + long)
+    got = b""
+    while got.count(b"content") < 3:
+        b = c.recv(4096)
+        assert b, got
+        got += b
+    c.close()
+    deadline = time.monotonic() + 10
+    while s.status()["requests_active"] != 0:
+        assert time.monotonic() < deadline, "generation not cancelled after the client left"
+        time.sleep(0.1)
+    assert ask(stream=True) == want
+    assert ask() == want
+    assert s.status()["connections"] <= conns, s.status()
+
+    # The daemon closes the kept connection after --idle-timeout 2 s (it
+    # checks every second): the next request replaces it.
+    time.sleep(3.5)
+    assert s.status()["connections"] == 1, s.status()  # only the CLI's
+    assert ask(stream=True) == want
+    assert ask() == want
+
+    # A daemon restarted between two requests: the kept connection is dead.
+    s.daemon.stop()
+    s.start_daemon()
+    assert ask() == want
+    st, _, d = s.request("GET", "/health")
+    assert st == 200, d
+    assert ask("/api/chat", stream=True) == want
+    st, _, d = s.request("GET", "/api/tags")
+    assert st == 200, d
+    assert s.status()["connections"] == conns, s.status()
     s.stop()
 
 
