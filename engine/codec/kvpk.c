@@ -21,7 +21,8 @@ static float normal_centroids[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
 static float normal_bounds[KVPK_MAX_BITS + 1][1 << KVPK_MAX_BITS];
 static double normal_mse[KVPK_MAX_BITS + 1];
 static float scale_sigma[256];
-static uint8_t normal_planes[KVPK_PLANE_BITS + 1][4 * 64]; /* kv_attn_pk_planes() of the centroids */
+static int16_t normal_c16[KVPK_MAX_BITS + 1][KVPK_Q16_TABLE]; /* kv_attn_pk_q16_tables() of the centroids */
+static uint8_t normal_c16_planes[KVPK_MAX_BITS + 1][2 * 256];
 static int normal_error;
 static pthread_once_t normal_once = PTHREAD_ONCE_INIT;
 
@@ -40,8 +41,10 @@ static void normal_codebooks(void)
 		for (int i = 0; i + 1 < cb->n_levels; i++)
 			normal_bounds[b][i] = cb->boundaries[i] * s;
 		normal_mse[b] = cb->mse_coord * KVPK_NORMAL_DIM;
-		if (b <= KVPK_PLANE_BITS)
-			kv_attn_pk_planes(normal_centroids[b], b, normal_planes[b]);
+		/* every |c| < 8 (the 8-bit codebook reaches about 4): -ERANGE would say otherwise */
+		if ((normal_error = kv_attn_pk_q16_tables(normal_centroids[b], b, normal_c16[b],
+							  normal_c16_planes[b])) != 0)
+			return;
 	}
 }
 
@@ -59,8 +62,10 @@ int kvpk_init(KvPk *pk, int dim, int code_bits)
 		pk->rows.centroids[b] = normal_centroids[b];
 		pk->bounds[b] = normal_bounds[b];
 		pk->mse[b] = normal_mse[b];
-		if (b >= 1 && b <= KVPK_PLANE_BITS)
-			pk->rows.planes[b] = normal_planes[b];
+		if (b >= 1) {
+			pk->rows.c16[b] = normal_c16[b];
+			pk->rows.c16_planes[b] = normal_c16_planes[b];
+		}
 	}
 	return 0;
 }

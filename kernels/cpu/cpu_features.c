@@ -61,6 +61,7 @@ static void features_detect(CpuFeatures *f)
 		unsigned need = 1u << 16 | 1u << 17 | 1u << 30 | 1u << 31;
 		f->avx512 = (b & need) == need && (xcr0 & 0xe6) == 0xe6;
 		f->avx512vbmi = f->avx512 && (c & (1u << 1));
+		f->avx512vnni = f->avx512 && (c & (1u << 11));
 	}
 }
 #elif defined(__aarch64__)
@@ -98,6 +99,7 @@ static void features_init(void)
 		detected_avx2_only = detected;
 		detected_avx2_only.avx512 = false;
 		detected_avx2_only.avx512vbmi = false;
+		detected_avx2_only.avx512vnni = false;
 		detected_no_dotprod = detected;
 		detected_no_dotprod.dotprod = false;
 		detected_base = detected_avx2_only;

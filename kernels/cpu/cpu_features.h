@@ -25,6 +25,7 @@ typedef struct CpuFeatures {
 	bool f16c;
 	bool avx512; /* F, DQ, BW and VL, with the ZMM state saved by the OS */
 	bool avx512vbmi; /* VBMI (byte permutes, multishift), only with avx512 */
+	bool avx512vnni; /* VNNI (int8 / int16 dot products, vpdpwssd), only with avx512 */
 	/* aarch64 */
 	bool neon;    /* Advanced SIMD (every aarch64 CPU; false only when disabled) */
 	bool dotprod; /* the dot-product extension (SDOT, vdotq_s32): HWCAP_ASIMDDP */

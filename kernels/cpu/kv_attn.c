@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/util.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/kv_attn.h"
 #include "kernels/wtype.h"
@@ -60,6 +61,66 @@ static void codebook_int8(const float *c, int n, int8_t ret[16], float *ret_scal
 	*ret_scale = s;
 }
 
+/*
+ * The int16 value kernel's tables (kv_attn.h), where the layout allows it:
+ * rows->q16v says whether it does.
+ */
+static void values_q16_init(KvAttnRows *rows)
+{
+	const TqLayout *L = &rows->tq;
+	int n_lo = L->dim - L->n_hi;
+	int hi_levels = L->n_hi ? 1 << L->bits_hi : 0, lo_levels = n_lo ? 1 << L->bits_lo : 0;
+	if (L->qjl_m > 0 || L->n_scales != 1 || L->dim > 64 || L->dim % 8 || L->n_hi % 8 ||
+	    (L->n_hi && L->bits_hi > 5) || (n_lo && L->bits_lo > 5) || hi_levels + lo_levels > 64)
+		return;
+	/* 4-bit streams only (tq4): the float kernel's nibble lookups measured faster (benchmarks.md) */
+	if ((!L->n_hi || L->bits_hi == 4) && (!n_lo || L->bits_lo == 4))
+		return;
+	uint32_t base = L->n_hi ? L->off_hi : L->off_lo, end = 0;
+	if (L->n_hi && L->off_lo < base && n_lo)
+		base = L->off_lo;
+	if (L->n_hi)
+		end = MAX(end, L->off_hi + (uint32_t)(L->n_hi * L->bits_hi / 8));
+	if (n_lo)
+		end = MAX(end, L->off_lo + (uint32_t)(n_lo * L->bits_lo / 8));
+	if (end - base > 64)
+		return;
+	float cmax = 0.0f;
+	for (int s = 0; s < 2; s++)
+		for (int k = 0; rows->cb[s] && k < (s ? lo_levels : hi_levels); k++)
+			cmax = fmaxf(cmax, fabsf(rows->cb[s][k]));
+	if (!(cmax > 0.0f))
+		return;
+	float cv = cmax / (float)KVATTN_Q16V_CMAX;
+	memset(rows->q16v_perm, 0, 64);
+	memset(rows->q16v_shift, 0, 64);
+	memset(rows->q16v_mask, 0, 64);
+	memset(rows->q16v_add, 0, 64);
+	memset(rows->q16v_planes, 0, sizeof(rows->q16v_planes));
+	for (int i = 0; i < L->dim; i += 8) { /* 8 coordinates, one qword, of one stream */
+		bool hi = i < L->n_hi;
+		int b = hi ? L->bits_hi : L->bits_lo, k = hi ? i : i - L->n_hi;
+		uint32_t src = (hi ? L->off_hi : L->off_lo) - base + (uint32_t)(k / 8 * b);
+		for (int m = 0; m < 8; m++) {
+			rows->q16v_perm[i + m] = (uint8_t)MIN(63u, src + (uint32_t)m);
+			rows->q16v_shift[i + m] = (uint8_t)(m * b);
+			rows->q16v_mask[i + m] = (uint8_t)((1u << b) - 1);
+			rows->q16v_add[i + m] = (uint8_t)(hi ? 0 : hi_levels);
+		}
+	}
+	for (int s = 0; s < 2; s++)
+		for (int k = 0; rows->cb[s] && k < (s ? lo_levels : hi_levels); k++) {
+			long c = lrintf(rows->cb[s][k] / cv);
+			c = MIN(KVATTN_Q16V_CMAX, MAX(-KVATTN_Q16V_CMAX, c));
+			rows->q16v_planes[0][(s ? hi_levels : 0) + k] = (uint8_t)((uint16_t)c & 0xff);
+			rows->q16v_planes[1][(s ? hi_levels : 0) + k] = (uint8_t)((uint16_t)c >> 8);
+		}
+	rows->q16v_scale = cv;
+	rows->q16v_bytes = (int)(end - base);
+	rows->q16v_base = base;
+	rows->q16v = true;
+}
+
 int kv_attn_rows_init_tq(KvAttnRows *rows, const TqLayout *layout, const float *cb_hi,
 			 const float *cb_lo, float qjl_const)
 {
@@ -82,6 +143,7 @@ int kv_attn_rows_init_tq(KvAttnRows *rows, const TqLayout *layout, const float *
 		if (rows->cb[s] && bits <= 5)
 			memcpy(rows->cb32[s], rows->cb[s], sizeof(float) << bits);
 	}
+	values_q16_init(rows);
 	return 0;
 }
 
@@ -266,6 +328,44 @@ void kv_attn_values_ref(const KvAttnRows *vals, const float *p, int ld, int G, c
 			axpy_one_ref(vals, p[g * ld + j], v + (size_t)j * vals->row_bytes, acc + (size_t)g * acc_ld);
 }
 
+void kv_attn_values_q16_ref(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			    int n, float *acc, int acc_ld)
+{
+	const TqLayout *L = &vals->tq;
+	const int d = vals->dim;
+	assert(vals->q16v && n <= KV_BLOCK_TOKENS);
+	int hi_levels = L->n_hi ? 1 << L->bits_hi : 0;
+	int16_t c16[KV_BLOCK_TOKENS][64];
+	float sc[KV_BLOCK_TOKENS];
+	for (int j = 0; j < n; j++) {
+		const uint8_t *row = v + (size_t)j * vals->row_bytes;
+		sc[j] = tq_load_f16(row + L->off_scale[0]);
+		for (int i = 0; i < d; i++) {
+			int k = i < L->n_hi ? (int)bitpack_get(row + L->off_hi, L->bits_hi, (size_t)i)
+					    : hi_levels + (int)bitpack_get(row + L->off_lo, L->bits_lo, (size_t)(i - L->n_hi));
+			c16[j][i] = (int16_t)(vals->q16v_planes[0][k] | vals->q16v_planes[1][k] << 8);
+		}
+	}
+	for (int g = 0; g < G; g++) {
+		float w[KV_BLOCK_TOKENS], wm = 0.0f;
+		int32_t w16[KV_BLOCK_TOKENS];
+		for (int j = 0; j < n; j++)
+			wm = fmaxf(wm, w[j] = p[(size_t)g * ld + j] * sc[j]);
+		if (!(wm > 0.0f))
+			continue;
+		float inv = (float)KVATTN_Q16V_WMAX / wm;
+		for (int j = 0; j < n; j++)
+			w16[j] = (int32_t)lrintf(w[j] * inv);
+		float f = (wm / (float)KVATTN_Q16V_WMAX) * vals->q16v_scale;
+		for (int i = 0; i < d; i++) {
+			int32_t sum = 0;
+			for (int j = 0; j < n; j++)
+				sum += w16[j] * c16[j][i];
+			acc[(size_t)g * acc_ld + i] += (float)sum * f;
+		}
+	}
+}
+
 void kv_attn_softmax_ref(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr)
 {
 	for (int g = 0; g < G; g++) {
@@ -326,16 +426,72 @@ void kv_attn_exact_scores_ref(const float *x, int d, const float *q, int G, int 
 		}
 }
 
-void kv_attn_pk_planes(const float *c, int b, uint8_t *planes)
+int kv_attn_pk_q16_tables(const float *c, int b, int16_t *c16, uint8_t *planes)
 {
-	assert(b >= 1 && b <= KVPK_PLANE_BITS);
-	memset(planes, 0, 4 * 64);
+	assert(b >= 1 && b <= KVPK_MAX_BITS);
+	memset(c16, 0, KVPK_Q16_TABLE * sizeof(int16_t));
+	memset(planes, 0, 2 * 256);
 	for (int k = 0; k < 1 << b; k++) {
-		uint32_t bits;
-		memcpy(&bits, &c[k], 4);
-		for (int p = 0; p < 4; p++)
-			planes[64 * p + k] = (uint8_t)(bits >> (8 * p));
+		long v = lrintf(c[k] * (float)(1 << KVPK_Q16_SHIFT));
+		if (v > KVPK_Q16_CMAX || v < -KVPK_Q16_CMAX)
+			return -ERANGE;
+		c16[k] = (int16_t)v;
+		planes[k] = (uint8_t)((uint16_t)v & 0xff);
+		planes[256 + k] = (uint8_t)((uint16_t)v >> 8);
 	}
+	return 0;
+}
+
+/*
+ * The quantized query of one head for one block (kv_attn.h): u16 (d,) and
+ * the factor f, from sig (d,) (sigma_{j/2}, 0 for pairs of width 0).
+ */
+static float pk_q16_query_ref(const float *q, const float *sig, int d, float scale, int16_t *u16)
+{
+	float m = 0.0f;
+	for (int j = 0; j < d; j++)
+		m = fmaxf(m, fabsf(q[j] * sig[j]));
+	float inv = m > 0.0f ? (float)KVPK_Q16_UMAX / m : 0.0f;
+	for (int j = 0; j < d; j++)
+		u16[j] = (int16_t)lrintf(q[j] * sig[j] * inv);
+	return (m / (float)KVPK_Q16_UMAX) * (scale * (1.0f / (float)(1 << KVPK_Q16_SHIFT)));
+}
+
+void kv_attn_pk_scores_q16_ref(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+			       float scale, float *scores, int ld)
+{
+	const int d = keys->dim, BT = KV_BLOCK_TOKENS;
+	const uint8_t *sc = kvpk_scales(blk, keys->code_bits), *widths = sc + d / 2;
+	float sig[KVPK_MAX_DIM], f[KVPK_MAX_GROUP], out[KVPK_MAX_GROUP][KV_BLOCK_TOKENS];
+	int16_t u16[KVPK_MAX_GROUP][KVPK_MAX_DIM];
+	uint8_t idx[KV_BLOCK_TOKENS];
+	assert(G <= KVPK_MAX_GROUP);
+	for (int j = 0; j < d; j++)
+		sig[j] = kvpk_width(widths, j / 2) ? keys->sigma[sc[j / 2]] : 0.0f;
+	for (int g = 0; g < G; g++)
+		f[g] = pk_q16_query_ref(q + (size_t)g * d, sig, d, scale, u16[g]);
+	memset(out, 0, sizeof(out));
+	const uint8_t *col = blk;
+	for (int j0 = 0; j0 < d; j0 += KVPK_Q16_CHUNK) {
+		int32_t acc[KVPK_MAX_GROUP][KV_BLOCK_TOKENS];
+		memset(acc, 0, sizeof(acc));
+		for (int j = j0; j < d && j < j0 + KVPK_Q16_CHUNK; j++) {
+			int b = kvpk_width(widths, j / 2);
+			if (b == 0)
+				continue;
+			kvpk_column_unpack(col, b, idx);
+			col += (size_t)BT * b / 8;
+			for (int g = 0; g < G; g++)
+				for (int t = 0; t < BT; t++)
+					acc[g][t] += (int32_t)u16[g][j] * keys->c16[b][idx[t]];
+		}
+		for (int g = 0; g < G; g++)
+			for (int t = 0; t < BT; t++)
+				out[g][t] += (float)acc[g][t] * f[g];
+	}
+	for (int g = 0; g < G; g++)
+		for (int t = 0; t < n; t++)
+			scores[(size_t)g * ld + t] = out[g][t];
 }
 
 /* ---- dispatch ---- */
@@ -359,6 +515,11 @@ bool kv_attn_have_avx512(void)
 bool kv_attn_have_avx512vbmi(void)
 {
 	return cpu_features()->avx512vbmi && kv_attn_have_avx512();
+}
+
+bool kv_attn_have_avx512vnni(void)
+{
+	return cpu_features()->avx512vnni && kv_attn_have_avx512vbmi();
 }
 
 bool kv_attn_have_neon(void)
@@ -387,11 +548,9 @@ KvAttnSoftmaxFn kv_attn_softmax_get(void)
 
 KvAttnPkScoresFn kv_attn_pk_scores_get(void)
 {
-	if (kv_attn_have_avx512vbmi())
-		return kv_attn_pk_scores_avx512vbmi;
-	if (kv_attn_have_avx512())
-		return kv_attn_pk_scores_avx512;
-	return kv_attn_have_avx2() ? kv_attn_pk_scores_avx2 : kv_attn_pk_scores_ref;
+	if (kv_attn_have_avx512vnni())
+		return kv_attn_pk_scores_q16_avx512;
+	return kv_attn_have_avx2() ? kv_attn_pk_scores_q16_avx2 : kv_attn_pk_scores_q16_ref;
 }
 
 KvAttnExactScoresFn kv_attn_exact_scores_get(void)
@@ -401,6 +560,8 @@ KvAttnExactScoresFn kv_attn_exact_scores_get(void)
 
 KvAttnValuesFn kv_attn_values_get(void)
 {
+	if (kv_attn_have_avx512vnni())
+		return kv_attn_values_q16_avx512;
 	if (kv_attn_have_avx512())
 		return kv_attn_values_avx512;
 	return kv_attn_have_avx2() ? kv_attn_values_avx2 : kv_attn_values_ref;

@@ -35,6 +35,10 @@
  * The references use the float query as given, and so do the AVX2 and
  * AVX-512 kernels in use: they agree with the references to float rounding
  * (summation order; TQ centroids are looked up exactly, as floats).
+ * Two exceptions, both with 13- to 14-bit integer forms and a stated
+ * bound (below): pair-coded keys (an int16 query, every x86 level the
+ * same scores), and on AVX-512 VBMI/VNNI CPUs TQ values of the default's
+ * tq3.5 kind (int16 weights and centroids).
  *
  * Measured alternative, not selected: an int8 TQ score kernel
  * (kv_attn_scores_tq_int8_avx2, streams <= 4 bits): the query rounded to
@@ -53,6 +57,7 @@
  */
 #pragma once
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -77,6 +82,18 @@ typedef struct KvAttnRows {
 	bool int8;              /* int8 scoring allowed: every stream <= 4 bits */
 	float cb8_scale[2];     /* cs of the hi / lo codebook */
 	int8_t cb8[2][16];      /* round(c_k / cs), hi / lo (int8 kernel) */
+	/* TQ values, the int16 kernel (below): set by kv_attn_rows_init_tq() where it applies */
+	bool q16v;
+	float q16v_scale;       /* cv: c16 = round(c / cv), |c16| <= KVATTN_Q16V_CMAX */
+	/*
+	 * Row bytes from off_hi to the end of the lo codes unpacked to one
+	 * byte per coordinate (vpermb, vpmultishiftqb, mask), lo codes moved
+	 * past the hi codebook (+ 2^bits_hi): the index into q16v_planes.
+	 */
+	uint8_t q16v_perm[64], q16v_shift[64], q16v_mask[64], q16v_add[64];
+	uint8_t q16v_planes[2][64]; /* low, high bytes of c16 of hi codes 0.., then lo codes */
+	int q16v_bytes;             /* code bytes loaded per row, from q16v_base */
+	uint32_t q16v_base;         /* the first code byte of a row */
 } KvAttnRows;
 
 /*
@@ -147,6 +164,34 @@ void kv_attn_values_avx512(const KvAttnRows *vals, const float *p, int ld, int G
 			   int n, float *acc, int acc_ld);
 
 /*
+ * TQ values with int16 weights and centroids (AVX-512 VBMI/VNNI,
+ * kv_attn_have_avx512vnni(); rows->q16v: MSE codes of <= 5 bits whose two
+ * codebooks fit one 64-entry table, one scale, no QJL, dim <= 64 a
+ * multiple of 8, the codes within 64 bytes, not 4 bits throughout (tq4's
+ * nibbles the float kernel reads faster): the default type's tq3.5
+ * values). Per head g and block, for rows j < n:
+ *   w_j   = p[g * ld + j] * s_j                (float; s_j the row's scale)
+ *   wm    = max_j w_j;  inv = 16383 / wm        (wm = 0: nothing added)
+ *   w16_j = round-to-even(w_j * inv)           (0 <= w16_j <= 16383)
+ *   f     = (wm / 16383) * cv
+ *   acc[g * acc_ld + i] += (float)(sum_j w16_j * c16[idx_ji]) * f
+ * exact in int32 (32 * 16383 * 4095 < 2^31). The scalar reference
+ * kv_attn_values_q16_ref and the AVX-512 kernel agree bit for bit; against
+ * the float reference, per coordinate,
+ *   |error| <= 0.5005 (wm / 16383) sum_j (|c_ji| + cv / 2)
+ *              + (cv / 2) sum_j w_j + float rounding
+ * (test-kvattn). kv_attn_values_avx512() takes this path for such rows.
+ */
+#define KVATTN_Q16V_WMAX 16383
+#define KVATTN_Q16V_CMAX 4095
+static_assert((long long)KV_BLOCK_TOKENS * KVATTN_Q16V_WMAX * KVATTN_Q16V_CMAX <= 2147483647LL,
+	      "a block's integer value sum fits int32");
+void kv_attn_values_q16_ref(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			    int n, float *acc, int acc_ld);
+void kv_attn_values_q16_avx512(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+			       int n, float *acc, int acc_ld);
+
+/*
  * The int8 TQ score kernel described above (needs kv_attn_query_prepare();
  * rows without rows->int8 go to the float path). Measured, tested, not
  * dispatched.
@@ -160,8 +205,6 @@ void kv_attn_scores_tq_int8_avx2(const KvAttnRows *keys, const KvAttnQuery *q, i
  * query heads q (G, dim) as given (no preparation) and rows t < n of the
  * block's key region, k~_tj = sigma_{j/2} * centroids[b][code_tj].
  */
-#define KVPK_PLANE_BITS 6 /* widths up to this are looked up by byte plane (AVX2) */
-
 typedef struct KvPkRows {
 	int dim;
 	int code_bits; /* per key */
@@ -172,34 +215,84 @@ typedef struct KvPkRows {
 	const float *centroids[KVPK_MAX_BITS + 1];
 	const float *sigma; /* [256]: kvpk_scale_of(s) of every scale byte s, a lookup, not an exp2f */
 	/*
-	 * [b] for 1 <= b <= KVPK_PLANE_BITS: centroids[b] by byte plane,
-	 * planes[b][64 p + k] = byte p (little-endian) of centroids[b][k],
-	 * 4 x 64 bytes, zero past 2^b entries (AVX2 byte-shuffle lookups
-	 * that reassemble the exact floats). Fill with kv_attn_pk_planes().
+	 * [b]: the int16 centroids of the quantized kernels below,
+	 * c16[b][k] = round(centroids[b][k] * 2^KVPK_Q16_SHIFT), KVPK_Q16_TABLE
+	 * entries (zeros past 2^b: gathers of 4 bytes may read entry k + 1).
 	 */
-	const uint8_t *planes[KVPK_PLANE_BITS + 1];
+	const int16_t *c16[KVPK_MAX_BITS + 1];
+	/* [b]: the bytes of c16[b] by plane, 2 x 256: low bytes, then high bytes (byte lookups) */
+	const uint8_t *c16_planes[KVPK_MAX_BITS + 1];
 } KvPkRows;
 
-/* planes (4 x 64 bytes) of the 2^b floats c (b <= KVPK_PLANE_BITS), as KvPkRows.planes[b]. */
-void kv_attn_pk_planes(const float *c, int b, uint8_t *planes);
+/*
+ * == The quantized form (what x86 dispatches) ==
+ *
+ * Per block and head g, with sigma_j = sigma_{j/2} of a pair of width > 0
+ * and 0 for a pair of width 0 (it has no codes):
+ *   u_j   = q_gj * sigma_j                       (float)
+ *   m     = max_j |u_j|;  inv = 8191 / m          (float; m = 0: u16 = 0, f = 0)
+ *   u16_j = round-to-even(u_j * inv)             |u16_j| <= KVPK_Q16_UMAX = 8191
+ *   f     = (m / 8191) * (scale * 2^-9)
+ *   score = (float)(sum_j u16_j * c16[b][code_tj]) * f
+ * the integer sum exact in int32 (|c16| <= KVPK_Q16_CMAX = 4095, so 64
+ * columns sum to at most 64 * 8191 * 4095 < 2^31); over dim > 64 the
+ * columns go in chunks of 64, each chunk's sum converted and multiplied by
+ * f, the chunks added in order. Every kernel of this form (the scalar
+ * kv_attn_pk_scores_q16_ref, AVX2 and AVX-512 VBMI/VNNI) computes exactly
+ * these integers and these float operations: their scores agree bit for
+ * bit (test-kvattn), so dispatching changes no output.
+ *
+ * Against the float reference (the exact sum E = scale sum_j u_j c_j):
+ * with |u16_j (m / 8191) - u_j| <= 0.5005 m / 8191 (rounding, plus inv's
+ * own rounding) and |c16 2^-9 - c| <= 2^-10,
+ *   |score - E| <= scale (0.5005 (m / 8191) sum_j (|c_j| + 2^-10)
+ *                         + 2^-10 sum_j |u_j|) + float rounding,
+ * test-kvattn checks it key by key. In the typical case (rounding errors
+ * independent, |c| ~ 1) that is a relative error of a few 1e-5 of
+ * scale ||u||, below what storing the key in binary16 costs.
+ * Why: the float kernels did a float lookup, a multiply by sigma and two
+ * operations per head for every code, compute-bound at 3 heads per
+ * kv-head; here a code pair costs a byte lookup and one int16 pair
+ * multiply-add (vpdpwssd / vpmaddwd) per head, sigma is folded into the
+ * query once per block (docs/benchmarks.md, issue 20).
+ */
+#define KVPK_Q16_SHIFT 9    /* c16 = round(c * 2^9) */
+#define KVPK_Q16_CMAX 4095  /* |c16| bound: every |c| < 8 (kvpk_init() checks; the 8-bit codebook reaches about 4) */
+#define KVPK_Q16_UMAX 8191  /* |u16| bound */
+#define KVPK_Q16_CHUNK 64   /* columns per int32 sum */
+#define KVPK_Q16_TABLE 264  /* entries per c16 table (256 and padding) */
+
+static_assert((long long)KVPK_Q16_CHUNK * KVPK_Q16_UMAX * KVPK_Q16_CMAX <= 2147483647LL,
+	      "a chunk's integer sum fits int32");
 
 /*
- * The AVX2 and AVX-512 twins compute every product and sum the reference
- * does, in its order, without fused multiply-adds: their scores are the
- * reference's bit for bit (test-kvattn), so dispatching them changes no
- * output.
+ * c16 (KVPK_Q16_TABLE) and planes (2 x 256) of the 2^b floats c, as
+ * KvPkRows.c16[b] / c16_planes[b]. 0, or -ERANGE if a centroid is outside
+ * +-KVPK_Q16_CMAX 2^-KVPK_Q16_SHIFT.
+ */
+int kv_attn_pk_q16_tables(const float *c, int b, int16_t *c16, uint8_t *planes);
+
+/*
+ * The float reference (kv_attn_pk_scores_ref: the definition, products and
+ * sums in coordinate order) and its NEON twin (bit for bit); the quantized
+ * form above: its scalar reference, AVX2 (+BMI2) and AVX-512
+ * (F/BW/VBMI/VNNI: kv_attn_have_avx512vnni()) kernels.
  */
 typedef void (*KvAttnPkScoresFn)(const KvPkRows *keys, const uint8_t *blk, const float *q, int G,
 				 int n, float scale, float *scores, int ld);
 void kv_attn_pk_scores_ref(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
 			   float scale, float *scores, int ld);
-void kv_attn_pk_scores_avx2(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
-			    float scale, float *scores, int ld);
-void kv_attn_pk_scores_avx512(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
-			      float scale, float *scores, int ld);
-/* The same with VBMI (kv_attn_have_avx512vbmi()): its codes unpacked in the vector unit. */
-void kv_attn_pk_scores_avx512vbmi(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+void kv_attn_pk_scores_q16_ref(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+			       float scale, float *scores, int ld);
+void kv_attn_pk_scores_q16_avx2(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
+				float scale, float *scores, int ld);
+void kv_attn_pk_scores_q16_avx512(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
 				  float scale, float *scores, int ld);
+/*
+ * What runs: on x86 the quantized form (AVX-512 VBMI/VNNI, else AVX2, else
+ * its scalar reference: every level the same scores), elsewhere the float
+ * form (NEON, else its reference).
+ */
 KvAttnPkScoresFn kv_attn_pk_scores_get(void);
 
 /*
@@ -258,7 +351,8 @@ bool kv_attn_have_neon(void);
 bool kv_attn_have_avx2(void);
 /* Whether the AVX-512 kernels may run (and AVX2 too; AVX-512 not disabled). */
 bool kv_attn_have_avx512(void);
-bool kv_attn_have_avx512vbmi(void); /* and VBMI: the pk kernel that unpacks codes in the vector unit */
+bool kv_attn_have_avx512vbmi(void); /* and VBMI (byte permutes, multishift) */
+bool kv_attn_have_avx512vnni(void); /* and VBMI and VNNI: the quantized pk kernel */
 
 /* The kernels to use now: AVX-512, else AVX2 where allowed (x86), NEON
  * (aarch64), else the references. */

@@ -20,6 +20,11 @@
  * Tails (dims or streams that are not multiples of 32) use masked loads
  * and stores, so nothing outside a row, a query or an accumulator row is
  * read or written.
+ *
+ * Last, the int16 TQ value kernel of kv_attn.h (VBMI and VNNI on top):
+ * a row's codes unpacked to bytes by one vpermb and one vpmultishiftqb,
+ * two rows' codes interleaved, their int16 centroids looked up by byte
+ * plane (vpermb), and per head one vpdpwssd per 16 coordinates of two rows.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -436,5 +441,117 @@ K5_TARGET void kv_attn_softmax_avx512(float *s, int ld, int G, int n, float *m, 
 		ret_corr[g] = m[g] == mx ? 1.0f : expf(m[g] - mx);
 		l[g] = l[g] * ret_corr[g] + _mm512_reduce_add_ps(sum);
 		m[g] = mx;
+	}
+}
+
+/* ---- TQ values with int16 weights and centroids (kv_attn.h) ---- */
+
+#define Q16V_TARGET \
+	__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c,bmi2")))
+#define Q16V_INLINE static inline __attribute__((always_inline)) Q16V_TARGET
+
+/* Row's d (<= 64) codes, one byte each, lo codes past the hi codebook: the table index. */
+Q16V_INLINE __m512i q16v_codes(const KvAttnRows *r, const uint8_t *row, __mmask64 load, __m512i perm,
+			       __m512i shift, __m512i mask, __m512i add)
+{
+	__m512i raw = _mm512_maskz_loadu_epi8(load, row + r->q16v_base);
+	__m512i c = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(perm, raw));
+	return _mm512_add_epi8(_mm512_and_si512(c, mask), add);
+}
+
+/*
+ * Dword lanes: y[r] lane 4k + m is coordinate 16k + 4r + m (in-lane
+ * unpacks); put back in order by a 4 x 4 transpose of 128-bit quarters.
+ */
+Q16V_INLINE void q16v_heads(const KvAttnRows *r, const float *p, int ld, const int G, const uint8_t *v,
+			    int n, float *acc, int acc_ld)
+{
+	enum { BT = KV_BLOCK_TOKENS };
+	const int d = r->dim;
+	const __mmask64 load = (__mmask64)(~0ull >> (64 - r->q16v_bytes));
+	const __m512i perm = _mm512_loadu_si512((const void *)r->q16v_perm);
+	const __m512i shift = _mm512_loadu_si512((const void *)r->q16v_shift);
+	const __m512i mask = _mm512_loadu_si512((const void *)r->q16v_mask);
+	const __m512i add = _mm512_loadu_si512((const void *)r->q16v_add);
+	const __m512i plo = _mm512_loadu_si512((const void *)r->q16v_planes[0]);
+	const __m512i phi = _mm512_loadu_si512((const void *)r->q16v_planes[1]);
+	float sc[BT] __attribute__((aligned(64)));
+	for (int j = 0; j < BT; j++)
+		sc[j] = j < n ? load_f16(v + (size_t)j * r->row_bytes + r->tq.off_scale[0]) : 0.0f;
+	int16_t w16[KVPK_MAX_GROUP][BT] __attribute__((aligned(64)));
+	float f[KVPK_MAX_GROUP];
+	bool live[KVPK_MAX_GROUP];
+	const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+	const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
+	for (int g = 0; g < G; g++) {
+		const float *pg = p + (size_t)g * ld;
+		__m512 w0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, pg), _mm512_load_ps(sc));
+		__m512 w1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, pg + 16), _mm512_load_ps(sc + 16));
+		float wm = _mm512_reduce_max_ps(_mm512_max_ps(w0, w1));
+		live[g] = wm > 0.0f;
+		if (!live[g])
+			continue;
+		__m512 vi = _mm512_set1_ps((float)KVATTN_Q16V_WMAX / wm);
+		_mm256_store_si256((__m256i *)w16[g], _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w0, vi))));
+		_mm256_store_si256((__m256i *)(w16[g] + 16),
+				   _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w1, vi))));
+		f[g] = (wm / (float)KVATTN_Q16V_WMAX) * r->q16v_scale;
+	}
+	__m512i a[KVPK_MAX_GROUP][4];
+	for (int g = 0; g < G; g++)
+		a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm512_setzero_si512();
+	for (int j = 0; j < n; j += 2) { /* row j + 1 past n: in the block, weight 0 */
+		__m512i x0 = q16v_codes(r, v + (size_t)j * r->row_bytes, load, perm, shift, mask, add);
+		__m512i x1 = q16v_codes(r, v + (size_t)(j + 1) * r->row_bytes, load, perm, shift, mask, add);
+		__m512i pa = _mm512_unpacklo_epi8(x0, x1), pb = _mm512_unpackhi_epi8(x0, x1);
+		__m512i la = _mm512_permutexvar_epi8(pa, plo), ha = _mm512_permutexvar_epi8(pa, phi);
+		__m512i lb = _mm512_permutexvar_epi8(pb, plo), hb = _mm512_permutexvar_epi8(pb, phi);
+		__m512i y0 = _mm512_unpacklo_epi8(la, ha), y1 = _mm512_unpackhi_epi8(la, ha);
+		__m512i y2 = _mm512_unpacklo_epi8(lb, hb), y3 = _mm512_unpackhi_epi8(lb, hb);
+		for (int g = 0; g < G; g++) {
+			int32_t wp;
+			memcpy(&wp, &w16[g][j], 4);
+			__m512i u = _mm512_set1_epi32(wp);
+			a[g][0] = _mm512_dpwssd_epi32(a[g][0], y0, u);
+			a[g][1] = _mm512_dpwssd_epi32(a[g][1], y1, u);
+			a[g][2] = _mm512_dpwssd_epi32(a[g][2], y2, u);
+			a[g][3] = _mm512_dpwssd_epi32(a[g][3], y3, u);
+		}
+	}
+	for (int g = 0; g < G; g++) {
+		if (!live[g])
+			continue;
+		__m512 vf = _mm512_set1_ps(f[g]), y[4];
+		for (int k = 0; k < 4; k++)
+			y[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(a[g][k]), vf);
+		__m512 t0 = _mm512_shuffle_f32x4(y[0], y[1], 0x44), t1 = _mm512_shuffle_f32x4(y[2], y[3], 0x44);
+		__m512 t2 = _mm512_shuffle_f32x4(y[0], y[1], 0xee), t3 = _mm512_shuffle_f32x4(y[2], y[3], 0xee);
+		__m512 o[4] = { _mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xdd),
+				_mm512_shuffle_f32x4(t2, t3, 0x88), _mm512_shuffle_f32x4(t2, t3, 0xdd) };
+		float *ag = acc + (size_t)g * acc_ld;
+		for (int k = 0; 16 * k < d; k++) {
+			__mmask16 mk = lanes(d - 16 * k);
+			__m512 cur = _mm512_maskz_loadu_ps(mk, ag + 16 * k);
+			_mm512_mask_storeu_ps(ag + 16 * k, mk, _mm512_add_ps(cur, o[k]));
+		}
+	}
+}
+
+Q16V_TARGET void kv_attn_values_q16_avx512(const KvAttnRows *vals, const float *p, int ld, int G, const uint8_t *v,
+					   int n, float *acc, int acc_ld)
+{
+	if (vals->format != KV_FORMAT_TQ || !vals->q16v) {
+		kv_attn_values_avx512(vals, p, ld, G, v, n, acc, acc_ld);
+		return;
+	}
+	for (int g0 = 0; g0 < G; g0 += KV_HEADS) {
+		const float *pg = p + (size_t)g0 * ld;
+		float *ag = acc + (size_t)g0 * acc_ld;
+		switch (G - g0 < KV_HEADS ? G - g0 : KV_HEADS) {
+		case 1: q16v_heads(vals, pg, ld, 1, v, n, ag, acc_ld); break;
+		case 2: q16v_heads(vals, pg, ld, 2, v, n, ag, acc_ld); break;
+		case 3: q16v_heads(vals, pg, ld, 3, v, n, ag, acc_ld); break;
+		default: q16v_heads(vals, pg, ld, 4, v, n, ag, acc_ld); break;
+		}
 	}
 }

@@ -1,17 +1,18 @@
 /*
- * kv_attn_pk_avx2.c: the AVX2 twin of kv_attn_pk_scores_ref(): scores of
- * G query heads against a block of pair-coded keys (kernels/kv_pk_layout.h).
- * Called only when kv_attn_have_avx2().
+ * kv_attn_pk_avx2.c: the AVX2 twin of kv_attn_pk_scores_q16_ref(): the
+ * quantized scores (kv_attn.h) of G query heads against a block of
+ * pair-coded keys (kernels/kv_pk_layout.h). Called only when
+ * kv_attn_have_avx2(); on AVX-512 CPUs without VBMI and VNNI too.
  *
- * As the reference, column by column: coordinate j's 32 codes are
- * unpacked once (pdep), looked up (widths <= 6: byte shuffles of the
- * centroids' 4 byte planes, blended on code bits 4 and 5, the bytes
- * unpacked back into the exact floats; 7 and 8: gathers), scaled by the
- * pair's sigma, and every query head adds q_gj times them to its 32
- * running sums, 4 ymm each. The products and sums are the
- * reference's, in its order, with no fused multiply-add, so the scores
- * are bit for bit the same (a fused form, sigma folded into q_gj, measured
- * slower on Zen 3: the FMAs share ports with the shuffles).
+ * Pair by pair (one width, one sigma folded into the query): the two
+ * columns' 32 codes each unpacked to bytes (pdep) and interleaved, so
+ * that byte 2t, 2t + 1 are key t's two codes; the int16 centroids looked
+ * up by byte plane (pshufb on 16-entry tables, blends on code bits 4 and
+ * 5; widths 7 and 8 by 32-bit gathers of the int16 table), the low and
+ * high planes interleaved into one dword per key (its two centroids),
+ * and every head adds vpmaddwd of them with its broadcast (u16_2i,
+ * u16_2i+1) to 4 ymm of int32 sums. Integer sums are exact, the float
+ * steps are the reference's: the scores are its own bit for bit.
  */
 #include <assert.h>
 #include <immintrin.h>
@@ -23,115 +24,124 @@
 #define PK2_INLINE static inline __attribute__((always_inline)) PK2_TARGET
 
 /*
- * Lanes of the 4 ymm of one column: ymm r holds the values of keys
- * 4r..4r+3 (low half) and 16+4r..16+4r+3 (high half), the order in
- * which in-lane byte unpacks leave 32 byte-plane lookups. Every lookup
- * path yields this order; the scores are put back in key order once.
+ * Lanes: ymm r of a pair holds the dwords of keys 4r..4r+3 (low half) and
+ * 16+4r..16+4r+3 (high half), the order in-lane byte unpacks leave; the
+ * scores are put back in key order once per block.
  */
 
-/* The 16-byte table k of plane p of width b, in both lanes. */
-PK2_INLINE __m256i plane_tab(const uint8_t *planes, int p, int k)
+/* The 16-byte table k of a 256-byte plane, in both lanes. */
+PK2_INLINE __m256i plane_tab(const uint8_t *plane, int k)
 {
-	return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(planes + 64 * p + 16 * k)));
+	return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(plane + 16 * k)));
 }
 
 /*
- * Plane p of the centroids of the 32 codes (bytes) of a column of width
- * b <= KVPK_PLANE_BITS: pshufb reads the low 4 bits of each code (bit 7
- * is clear: codes < 64), blends on bits 4 and 5 pick among the 16-entry
- * tables (sel4 / sel5: those bits moved to bit 7 of each byte). Spelled
- * out per width: a loop over a table count known only at run time
- * measured slower. 7 bits (8 tables, 7 blends per plane) measured no
- * faster than the gather.
+ * plane[code] for the 32 codes (bytes < 64) of c, b <= 6: pshufb reads
+ * the low 4 bits, blends on bits 4 and 5 (sel4 / sel5: moved to bit 7)
+ * pick among the 16-entry tables.
  */
-PK2_INLINE __m256i plane_lookup(const uint8_t *planes, int b, int p, __m256i codes, __m256i sel4, __m256i sel5)
+PK2_INLINE __m256i plane_lookup(const uint8_t *plane, int b, __m256i c, __m256i sel4, __m256i sel5)
 {
-	__m256i t0 = _mm256_shuffle_epi8(plane_tab(planes, p, 0), codes);
+	__m256i t0 = _mm256_shuffle_epi8(plane_tab(plane, 0), c);
 	if (b <= 4)
 		return t0;
-	__m256i t01 = _mm256_blendv_epi8(t0, _mm256_shuffle_epi8(plane_tab(planes, p, 1), codes), sel4);
+	__m256i t01 = _mm256_blendv_epi8(t0, _mm256_shuffle_epi8(plane_tab(plane, 1), c), sel4);
 	if (b == 5)
 		return t01;
-	__m256i t23 = _mm256_blendv_epi8(_mm256_shuffle_epi8(plane_tab(planes, p, 2), codes),
-					 _mm256_shuffle_epi8(plane_tab(planes, p, 3), codes), sel4);
+	__m256i t23 = _mm256_blendv_epi8(_mm256_shuffle_epi8(plane_tab(plane, 2), c),
+					 _mm256_shuffle_epi8(plane_tab(plane, 3), c), sel4);
 	return _mm256_blendv_epi8(t01, t23, sel5);
 }
 
-/* The centroids of a column's 32 codes, in the lane order above. */
-PK2_INLINE void lookup32(const KvPkRows *keys, int b, __m256i codes, __m256 y[4])
+/* The dwords (c16 of the first column, c16 of the second) of a pair's keys, lanes as above. */
+PK2_INLINE void pair_words(const KvPkRows *keys, int b, __m256i a, __m256i c, __m256i y[4])
 {
-	if (b <= KVPK_PLANE_BITS) {
-		const uint8_t *planes = keys->planes[b];
-		/* bit 4 (5) of each byte to its bit 7; 16-bit shifts: what crosses bytes lands below bit 7 */
-		__m256i sel4 = _mm256_slli_epi16(codes, 3), sel5 = _mm256_slli_epi16(codes, 2);
-		__m256i p0 = plane_lookup(planes, b, 0, codes, sel4, sel5);
-		__m256i p1 = plane_lookup(planes, b, 1, codes, sel4, sel5);
-		__m256i p2 = plane_lookup(planes, b, 2, codes, sel4, sel5);
-		__m256i p3 = plane_lookup(planes, b, 3, codes, sel4, sel5);
-		__m256i lo01 = _mm256_unpacklo_epi8(p0, p1), hi01 = _mm256_unpackhi_epi8(p0, p1);
-		__m256i lo23 = _mm256_unpacklo_epi8(p2, p3), hi23 = _mm256_unpackhi_epi8(p2, p3);
-		y[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(lo01, lo23));
-		y[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(lo01, lo23));
-		y[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(hi01, hi23));
-		y[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(hi01, hi23));
+	if (b <= 6) {
+		const uint8_t *lo = keys->c16_planes[b], *hi = lo + 256;
+		/* byte pairs (a_t, c_t): t = 0..7 | 16..23, and 8..15 | 24..31 */
+		__m256i x0 = _mm256_unpacklo_epi8(a, c), x1 = _mm256_unpackhi_epi8(a, c);
+		__m256i s40 = _mm256_slli_epi16(x0, 3), s50 = _mm256_slli_epi16(x0, 2);
+		__m256i s41 = _mm256_slli_epi16(x1, 3), s51 = _mm256_slli_epi16(x1, 2);
+		__m256i l0 = plane_lookup(lo, b, x0, s40, s50), h0 = plane_lookup(hi, b, x0, s40, s50);
+		__m256i l1 = plane_lookup(lo, b, x1, s41, s51), h1 = plane_lookup(hi, b, x1, s41, s51);
+		y[0] = _mm256_unpacklo_epi8(l0, h0);
+		y[1] = _mm256_unpackhi_epi8(l0, h0);
+		y[2] = _mm256_unpacklo_epi8(l1, h1);
+		y[3] = _mm256_unpackhi_epi8(l1, h1);
 		return;
 	}
-	/* dwords (codes 4r..4r+3, 16+4r..): qword r holds ymm r's 8 codes */
-	__m256i perm = _mm256_permutevar8x32_epi32(codes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-	__m128i lo = _mm256_castsi256_si128(perm), hi = _mm256_extracti128_si256(perm, 1);
-	const float *c = keys->centroids[b];
-	y[0] = _mm256_i32gather_ps(c, _mm256_cvtepu8_epi32(lo), 4);
-	y[1] = _mm256_i32gather_ps(c, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), 4);
-	y[2] = _mm256_i32gather_ps(c, _mm256_cvtepu8_epi32(hi), 4);
-	y[3] = _mm256_i32gather_ps(c, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), 4);
+	/* dwords of codes 4r..4r+3, 16+4r..: qword r holds ymm r's 8 codes */
+	const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+	__m256i pa = _mm256_permutevar8x32_epi32(a, perm), pc = _mm256_permutevar8x32_epi32(c, perm);
+	const int *t = (const int *)(const void *)keys->c16[b]; /* 4-byte reads at 2-byte steps: low word is entry k */
+	for (int r = 0; r < 4; r++) {
+		__m128i ha = r < 2 ? _mm256_castsi256_si128(pa) : _mm256_extracti128_si256(pa, 1);
+		__m128i hc = r < 2 ? _mm256_castsi256_si128(pc) : _mm256_extracti128_si256(pc, 1);
+		if (r & 1) {
+			ha = _mm_srli_si128(ha, 8);
+			hc = _mm_srli_si128(hc, 8);
+		}
+		__m256i ga = _mm256_i32gather_epi32(t, _mm256_cvtepu8_epi32(ha), 2);
+		__m256i gc = _mm256_i32gather_epi32(t, _mm256_cvtepu8_epi32(hc), 2);
+		y[r] = _mm256_blend_epi16(ga, _mm256_slli_epi32(gc, 16), 0xaa);
+	}
 }
 
-/* The kernel for G heads; see the AVX-512 twin for why G is made a constant. */
+/* The kernel for G heads, G a constant for the common groups (sums in registers). */
 PK2_INLINE void pk_scores(const KvPkRows *keys, const uint8_t *blk, const float *q, const int G, int n,
 			  float scale, float *scores, int ld)
 {
 	enum { BT = KV_BLOCK_TOKENS };
 	const int d = keys->dim;
 	const uint8_t *sc = kvpk_scales(blk, keys->code_bits), *widths = sc + d / 2;
-	__m256 acc[KVPK_MAX_GROUP][BT / 8];
+	float sig[KVPK_MAX_DIM], f[KVPK_MAX_GROUP];
+	int16_t qp[KVPK_MAX_GROUP * KVPK_MAX_DIM] __attribute__((aligned(32)));
+	kvpk_column_sigmas(keys, sc, widths, sig);
+	kvpk_q16_query(q, G, d, sig, scale, qp, f);
+	__m256 out[KVPK_MAX_GROUP][BT / 8];
 	for (int g = 0; g < G; g++)
 		for (int r = 0; r < BT / 8; r++)
-			acc[g][r] = _mm256_setzero_ps();
+			out[g][r] = _mm256_setzero_ps();
 	const uint8_t *col = blk;
-	for (int i = 0; i < d / 2; i++) {
-		int b = kvpk_width(widths, i);
-		if (b == 0)
-			continue;
-		__m256 s = _mm256_set1_ps(keys->sigma[sc[i]]);
-		for (int j = 2 * i; j < 2 * i + 2; j++) {
-			__m256i codes = kvpk_column_bytes(col, b);
-			col += (size_t)BT * b / 8;
-			__m256 y[BT / 8];
-			lookup32(keys, b, codes, y);
+	for (int i0 = 0; i0 < d / 2; i0 += KVPK_Q16_CHUNK / 2) {
+		__m256i acc[KVPK_MAX_GROUP][BT / 8];
+		for (int g = 0; g < G; g++)
 			for (int r = 0; r < BT / 8; r++)
-				y[r] = _mm256_mul_ps(y[r], s);
+				acc[g][r] = _mm256_setzero_si256();
+		for (int i = i0; i < d / 2 && i < i0 + KVPK_Q16_CHUNK / 2; i++) {
+			int b = kvpk_width(widths, i);
+			if (b == 0)
+				continue;
+			__m256i y[BT / 8];
+			pair_words(keys, b, kvpk_column_bytes(col, b), kvpk_column_bytes(col + 4 * b, b), y);
+			col += (size_t)8 * b;
 			for (int g = 0; g < G; g++) {
-				__m256 qj = _mm256_set1_ps(q[(size_t)g * d + j]);
+				int32_t w;
+				memcpy(&w, qp + (size_t)g * d + 2 * i, 4);
+				__m256i u = _mm256_set1_epi32(w);
 				for (int r = 0; r < BT / 8; r++)
-					acc[g][r] = _mm256_add_ps(acc[g][r], _mm256_mul_ps(qj, y[r]));
+					acc[g][r] = _mm256_add_epi32(acc[g][r], _mm256_madd_epi16(y[r], u));
 			}
 		}
+		for (int g = 0; g < G; g++) {
+			__m256 vf = _mm256_set1_ps(f[g]);
+			for (int r = 0; r < BT / 8; r++)
+				out[g][r] = _mm256_add_ps(out[g][r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[g][r]), vf));
+		}
 	}
-	__m256 vs = _mm256_set1_ps(scale);
 	for (int g = 0; g < G; g++) {
-		float out[BT];
+		float o[BT];
 		for (int r = 0; r < BT / 8; r++) {
-			__m256 v = _mm256_mul_ps(acc[g][r], vs);
-			_mm_storeu_ps(out + 4 * r, _mm256_castps256_ps128(v));
-			_mm_storeu_ps(out + 16 + 4 * r, _mm256_extractf128_ps(v, 1));
+			_mm_storeu_ps(o + 4 * r, _mm256_castps256_ps128(out[g][r]));
+			_mm_storeu_ps(o + 16 + 4 * r, _mm256_extractf128_ps(out[g][r], 1));
 		}
 		for (int t = 0; t < n; t++)
-			scores[(size_t)g * ld + t] = out[t];
+			scores[(size_t)g * ld + t] = o[t];
 	}
 }
 
-PK2_TARGET void kv_attn_pk_scores_avx2(const KvPkRows *keys, const uint8_t *blk, const float *q, int G,
-				       int n, float scale, float *scores, int ld)
+PK2_TARGET void kv_attn_pk_scores_q16_avx2(const KvPkRows *keys, const uint8_t *blk, const float *q, int G,
+					   int n, float scale, float *scores, int ld)
 {
 	assert(G >= 1 && G <= KVPK_MAX_GROUP);
 	switch (G) {

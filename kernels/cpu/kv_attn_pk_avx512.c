@@ -1,13 +1,17 @@
 /*
- * kv_attn_pk_avx512.c: the AVX-512 twin of kv_attn_pk_scores_ref():
- * scores of G query heads against a block of pair-coded keys
- * (kernels/kv_pk_layout.h). Called only when kv_attn_have_avx512().
+ * kv_attn_pk_avx512.c: the AVX-512 (F/BW/VL + VBMI + VNNI) twin of
+ * kv_attn_pk_scores_q16_ref(): the quantized scores (kv_attn.h) of G query
+ * heads against a block of pair-coded keys (kernels/kv_pk_layout.h).
+ * Called only when kv_attn_have_avx512vnni() (Ice Lake, Zen 4 and later);
+ * other AVX-512 CPUs run the AVX2 twin.
  *
- * As the AVX2 twin, with 16 rows per register: a codebook of up to 16
- * levels is one vpermps (_mm512_permutexvar_ps), up to 32 one vpermi2ps,
- * wider ones a gather; the running sums of up to 8 heads stay in
- * registers. No fused multiply-add: the scores are the reference's bit
- * for bit (fused, measured no faster: the lookups bound this kernel).
+ * Pair by pair: the pair's 8 b code bytes become 64 interleaved code bytes
+ * in four instructions (kvpk_pair_codes_vbmi: byte 2t, 2t + 1 = key t's
+ * two codes), the low and high bytes of their int16 centroids are one
+ * vpermb each (vpermi2b for 7 bits, two and a blend for 8), two byte
+ * unpacks make one dword per key (its two centroids), and every head adds
+ * one vpdpwssd per 16 keys with its broadcast (u16_2i, u16_2i+1). Integer
+ * sums are exact, the float steps the reference's: bit for bit its scores.
  */
 #include <assert.h>
 #include <immintrin.h>
@@ -15,93 +19,85 @@
 #include "kernels/cpu/kv_attn.h"
 #include "kernels/cpu/kv_attn_pk_x86.h"
 
-/*
- * Compiled twice: as itself, unpacking codes with BMI2's pdep, and from
- * kv_attn_pk_avx512vbmi.c with PK5_VBMI set, unpacking them in the vector
- * unit (vpmultishiftqb), for the CPUs that have VBMI.
- */
-#ifndef PK5_VBMI
-#define PK5_VBMI 0
-#endif
-#if PK5_VBMI
-#define PK5_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c,bmi2")))
-#define PK5_NAME kv_attn_pk_scores_avx512vbmi
-#define PK5_COLUMN kvpk_column_bytes_vbmi
-#else
-#define PK5_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c,bmi2")))
-#define PK5_NAME kv_attn_pk_scores_avx512
-#define PK5_COLUMN kvpk_column_bytes
-#endif
+#define PK5_TARGET \
+	__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c,bmi2")))
 #define PK5_INLINE static inline __attribute__((always_inline)) PK5_TARGET
 
-/* Centroids c of the 16 codes in idx (dwords), b bits each. */
-PK5_INLINE __m512 lookup16(const float *c, int b, __m512i idx)
+/*
+ * Lanes: dword lane 4k + m (k the 128-bit lane) of the first register of
+ * a pair is key 8k + m, of the second key 8k + 4 + m (in-lane unpacks);
+ * the scores are put back in key order once per block.
+ */
+
+/* plane[code] for the 64 codes (bytes) of x, b bits each. */
+PK5_INLINE __m512i plane_lookup(const uint8_t *plane, int b, __m512i x)
 {
-	/*
-	 * Permutes of 32 floats where the table is short enough (tables are
-	 * zero beyond 2^b, so every width to 5 takes one): a gather of 16
-	 * is far slower than two permutes and a blend.
-	 */
-	if (b <= 5)
-		return _mm512_permutex2var_ps(_mm512_loadu_ps(c), idx, _mm512_loadu_ps(c + 16));
-	if (b <= 7) { /* 2 or 4 tables of 32, picked by the code's bits above the fifth */
-		__m512i hi = _mm512_srli_epi32(idx, 5);
-		__m512 y = _mm512_permutex2var_ps(_mm512_loadu_ps(c), idx, _mm512_loadu_ps(c + 16));
-		for (int k = 1; k < 1 << (b - 5); k++) {
-			__m512 t = _mm512_permutex2var_ps(_mm512_loadu_ps(c + 32 * k), idx, _mm512_loadu_ps(c + 32 * k + 16));
-			y = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(hi, _mm512_set1_epi32(k)), y, t);
-		}
-		return y;
-	}
-	return _mm512_i32gather_ps(idx, c, 4);
+	if (b <= 6)
+		return _mm512_permutexvar_epi8(x, _mm512_loadu_si512((const void *)plane));
+	__m512i t = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)plane), x,
+					     _mm512_loadu_si512((const void *)(plane + 64)));
+	if (b == 7)
+		return t;
+	__m512i u = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(plane + 128)), x,
+					     _mm512_loadu_si512((const void *)(plane + 192)));
+	return _mm512_mask_blend_epi8(_mm512_movepi8_mask(x), t, u);
 }
 
-/*
- * The kernel for G heads. Inlined with G a constant for the common groups,
- * so the 2 G running sums live in registers rather than in a stack array
- * read and written for every coordinate.
- */
 PK5_INLINE void pk_scores(const KvPkRows *keys, const uint8_t *blk, const float *q, const int G, int n,
 			  float scale, float *scores, int ld)
 {
 	enum { BT = KV_BLOCK_TOKENS };
 	const int d = keys->dim;
 	const uint8_t *sc = kvpk_scales(blk, keys->code_bits), *widths = sc + d / 2;
-	__m512 acc[KVPK_MAX_GROUP][BT / 16];
+	float sig[KVPK_MAX_DIM], f[KVPK_MAX_GROUP];
+	int16_t qp[KVPK_MAX_GROUP * KVPK_MAX_DIM] __attribute__((aligned(64)));
+	kvpk_column_sigmas(keys, sc, widths, sig);
+	kvpk_q16_query(q, G, d, sig, scale, qp, f);
+	__m512 out[KVPK_MAX_GROUP][2];
 	for (int g = 0; g < G; g++)
-		acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+		out[g][0] = out[g][1] = _mm512_setzero_ps();
 	const uint8_t *col = blk;
-	/* pair by pair (one width, one sigma), then its two coordinates' columns */
-	for (int i = 0; i < d / 2; i++) {
-		int b = kvpk_width(widths, i);
-		if (b == 0)
-			continue;
-		__m512 s = _mm512_set1_ps(keys->sigma[sc[i]]);
-		const float *c = keys->centroids[b];
-		for (int j = 2 * i; j < 2 * i + 2; j++) {
-			__m256i codes = PK5_COLUMN(col, b);
-			col += (size_t)BT * b / 8;
-			__m512 y0 = _mm512_mul_ps(lookup16(c, b, _mm512_cvtepu8_epi32(_mm256_castsi256_si128(codes))), s);
-			__m512 y1 = _mm512_mul_ps(lookup16(c, b, _mm512_cvtepu8_epi32(_mm256_extracti128_si256(codes, 1))), s);
+	for (int i0 = 0; i0 < d / 2; i0 += KVPK_Q16_CHUNK / 2) {
+		__m512i acc[KVPK_MAX_GROUP][2];
+		for (int g = 0; g < G; g++)
+			acc[g][0] = acc[g][1] = _mm512_setzero_si512();
+		for (int i = i0; i < d / 2 && i < i0 + KVPK_Q16_CHUNK / 2; i++) {
+			int b = kvpk_width(widths, i);
+			if (b == 0)
+				continue;
+			__m512i x = kvpk_pair_codes_vbmi(col, b);
+			col += (size_t)8 * b;
+			const uint8_t *lo = keys->c16_planes[b];
+			__m512i l = plane_lookup(lo, b, x), h = plane_lookup(lo + 256, b, x);
+			__m512i y0 = _mm512_unpacklo_epi8(l, h), y1 = _mm512_unpackhi_epi8(l, h);
 			for (int g = 0; g < G; g++) {
-				__m512 qj = _mm512_set1_ps(q[(size_t)g * d + j]);
-				acc[g][0] = _mm512_add_ps(acc[g][0], _mm512_mul_ps(qj, y0));
-				acc[g][1] = _mm512_add_ps(acc[g][1], _mm512_mul_ps(qj, y1));
+				int32_t w;
+				memcpy(&w, qp + (size_t)g * d + 2 * i, 4);
+				__m512i u = _mm512_set1_epi32(w);
+				acc[g][0] = _mm512_dpwssd_epi32(acc[g][0], y0, u);
+				acc[g][1] = _mm512_dpwssd_epi32(acc[g][1], y1, u);
 			}
 		}
+		for (int g = 0; g < G; g++) {
+			__m512 vf = _mm512_set1_ps(f[g]);
+			out[g][0] = _mm512_add_ps(out[g][0], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[g][0]), vf));
+			out[g][1] = _mm512_add_ps(out[g][1], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[g][1]), vf));
+		}
 	}
-	__m512 vs = _mm512_set1_ps(scale);
+	/* key 8k + r: lane 4k + r of the first register (r < 4), else lane 4k + r - 4 of the second */
+	const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+	const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(8));
+	__mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+	__mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
 	for (int g = 0; g < G; g++) {
-		float out[BT];
-		_mm512_storeu_ps(out, _mm512_mul_ps(acc[g][0], vs));
-		_mm512_storeu_ps(out + 16, _mm512_mul_ps(acc[g][1], vs));
-		for (int t = 0; t < n; t++)
-			scores[(size_t)g * ld + t] = out[t];
+		float *s = scores + (size_t)g * ld;
+		_mm512_mask_storeu_ps(s, m0, _mm512_permutex2var_ps(out[g][0], i0, out[g][1]));
+		_mm512_mask_storeu_ps(s + 16, m1, _mm512_permutex2var_ps(out[g][0], i1, out[g][1]));
 	}
 }
 
-PK5_TARGET void PK5_NAME(const KvPkRows *keys, const uint8_t *blk, const float *q, int G, int n,
-			 float scale, float *scores, int ld)
+PK5_TARGET void kv_attn_pk_scores_q16_avx512(const KvPkRows *keys, const uint8_t *blk, const float *q, int G,
+					     int n, float scale, float *scores, int ld)
 {
 	assert(G >= 1 && G <= KVPK_MAX_GROUP);
 	switch (G) {

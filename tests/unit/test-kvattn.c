@@ -402,21 +402,58 @@ START_TEST(plain_kernels_match_reference)
 END_TEST
 
 /*
- * Pair-coded keys: the SIMD score kernels (AVX2, AVX-512, NEON) give the
- * reference's floats bit for bit (they do its products and sums in its
- * order), for every width from 0 to 8 bits per pair (loud and silent
- * pairs, an all-zero pair), 1..9 and 16 query heads and partial blocks.
+ * The bound of kv_attn.h on |quantized score - exact score| for head g and
+ * key t of a block: scale (0.5005 (m / 8191) sum_j (|c_j| + 2^-10)
+ * + 2^-10 sum_j |u_j|), plus float rounding (a relative 1e-5 of
+ * scale sum_j |u_j c_j|, far above the few roundings either side does).
+ * Also returns the exact score (double).
+ */
+static double pk_q16_bound(const KvPk *pk, const uint8_t *blk, const float *qg, int t, float scale,
+			   double *ret_exact)
+{
+	int d = pk->rows.dim;
+	const uint8_t *sc = kvpk_scales(blk, pk->rows.code_bits), *widths = sc + d / 2;
+	double m = 0.0, sum_c = 0.0, sum_u = 0.0, sum_uc = 0.0, exact = 0.0;
+	for (int j = 0; j < d; j++)
+		if (kvpk_width(widths, j / 2))
+			m = fmax(m, fabs((double)(qg[j] * pk->rows.sigma[sc[j / 2]])));
+	const uint8_t *col = blk;
+	for (int j = 0; j < d; j++) {
+		int b = kvpk_width(widths, j / 2);
+		if (b == 0)
+			continue;
+		double c = pk->rows.centroids[b][kvpk_column_code(col, b, t)];
+		double u = (double)qg[j] * pk->rows.sigma[sc[j / 2]];
+		col += (size_t)KV_BLOCK_TOKENS * b / 8;
+		sum_c += fabs(c) + 0x1p-10;
+		sum_u += fabs(u);
+		sum_uc += fabs(u * c);
+		exact += u * c;
+	}
+	*ret_exact = scale * exact;
+	return scale * (0.5005 * (m / KVPK_Q16_UMAX) * sum_c + 0x1p-10 * sum_u + 1e-5 * sum_uc);
+}
+
+/*
+ * Pair-coded keys: the quantized SIMD score kernels (AVX2, AVX-512
+ * VBMI/VNNI) give the quantized reference's floats bit for bit (the same
+ * integer sums and float steps), that reference is within kv_attn.h's
+ * bound of the exact score and so is the float reference; NEON gives the
+ * float reference's floats bit for bit. For every width from 0 to 8 bits
+ * per pair (loud and silent pairs, an all-zero pair), 1..9 and 16 query
+ * heads, partial blocks, and head_dim 256 (chunks of 64 columns).
  */
 START_TEST(pk_kernels_match_reference)
 {
 	enum { BT = KV_BLOCK_TOKENS };
 	uint64_t st = test_seed() + 200;
 	static const struct { int dim; double bits; } cases[] = {
-		{ 64, 4 }, { 64, 5 }, { 64, 2.5 }, { 64, 8 }, { 128, 3 }, { 256, 4.5 }, { 16, 1 },
+		{ 64, 4 }, { 64, 5 }, { 64, 2.5 }, { 64, 8 }, { 128, 3 }, { 256, 4.5 }, { 256, 8 }, { 16, 1 }, { 20, 6 },
 	};
 	/* every specialised group size of the kernels and two beyond */
 	static const int groups[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16 }, lens[] = { 32, 17, 1 };
 	bool seen[KVPK_MAX_BITS + 1] = { false }; /* widths the cases coded: every lookup path of the kernels */
+	double worst = 0.0; /* largest error / bound of the quantized scores */
 	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
 		int d = cases[i].dim, P = d / 2;
 		KvPk pk;
@@ -430,33 +467,46 @@ START_TEST(pk_kernels_match_reference)
 		for (int t = 0; t < BT; t++)
 			for (int j = 0; j < d; j++)
 				x[t * d + j] = j / 2 == 5 ? 0.0f : test_rand_normal(&st) * (1.0f + (float)(j % 7));
-		for (int j = 0; j < 16 * d; j++)
-			q[j] = test_rand_normal(&st);
+		for (int j = 0; j < 16 * d; j++) /* one head all zero: m = 0 */
+			q[j] = j / d == 6 ? 0.0f : test_rand_normal(&st) * (j % 5 == 1 ? 30.0f : 1.0f);
 		kvpk_encode_block(&pk, x, BT, NULL, w, blk);
 		for (int j = 0; j < P; j++)
 			seen[kvpk_width(kvpk_scales(blk, pk.rows.code_bits) + P, j)] = true;
 		for (size_t g = 0; g < ARRAY_SIZE(groups); g++)
 			for (size_t l = 0; l < ARRAY_SIZE(lens); l++) {
 				int G = groups[g], n = lens[l];
-				float want[16 * BT], got[16 * BT];
+				float flt[16 * BT], want[16 * BT], got[16 * BT];
+				memset(flt, 0, sizeof(flt));
 				memset(want, 0, sizeof(want));
-				kv_attn_pk_scores_ref(&pk.rows, blk, q, G, n, 0.125f, want, BT);
-				static const struct { KvAttnPkScoresFn fn; bool (*have)(void); const char *name; } pk_levels[] = {
+				kv_attn_pk_scores_ref(&pk.rows, blk, q, G, n, 0.125f, flt, BT);
+				kv_attn_pk_scores_q16_ref(&pk.rows, blk, q, G, n, 0.125f, want, BT);
+				for (int h = 0; h < G; h++)
+					for (int t = 0; t < n; t++) {
+						double exact, bound = pk_q16_bound(&pk, blk, q + (size_t)h * d, t, 0.125f, &exact);
+						double e = fabs(want[h * BT + t] - exact);
+						ck_assert_msg(e <= bound && fabs(flt[h * BT + t] - exact) <= bound,
+							      "pk%g dim %d head %d key %d: quantized %.9g, float %.9g, exact %.9g, bound %.3g",
+							      cases[i].bits, d, h, t, want[h * BT + t], flt[h * BT + t], exact, bound);
+						if (bound > 0.0)
+							worst = fmax(worst, e / bound);
+					}
+				static const struct { KvAttnPkScoresFn fn, ref; bool (*have)(void); const char *name; } pk_levels[] = {
 #if defined(CPU_KERNELS_X86)
-					{ kv_attn_pk_scores_avx2, kv_attn_have_avx2, "AVX2" },
-					{ kv_attn_pk_scores_avx512, kv_attn_have_avx512, "AVX-512" },
-					{ kv_attn_pk_scores_avx512vbmi, kv_attn_have_avx512vbmi, "AVX-512 VBMI" },
+					{ kv_attn_pk_scores_q16_avx2, kv_attn_pk_scores_q16_ref, kv_attn_have_avx2, "AVX2" },
+					{ kv_attn_pk_scores_q16_avx512, kv_attn_pk_scores_q16_ref, kv_attn_have_avx512vnni,
+					  "AVX-512 VBMI/VNNI" },
 #elif defined(CPU_KERNELS_NEON)
-					{ kv_attn_pk_scores_neon, kv_attn_have_neon, "NEON" },
+					{ kv_attn_pk_scores_neon, kv_attn_pk_scores_ref, kv_attn_have_neon, "NEON" },
 #endif
-					{ NULL, NULL, NULL },
+					{ NULL, NULL, NULL, NULL },
 				};
 				for (size_t v = 0; pk_levels[v].fn; v++) {
 					if (!pk_levels[v].have())
 						continue;
+					float *ref = pk_levels[v].ref == kv_attn_pk_scores_ref ? flt : want;
 					memset(got, 0, sizeof(got));
 					pk_levels[v].fn(&pk.rows, blk, q, G, n, 0.125f, got, BT);
-					ck_assert_msg(memcmp(want, got, sizeof(want)) == 0,
+					ck_assert_msg(memcmp(ref, got, sizeof(got)) == 0,
 						      "pk%g dim %d, %d heads, %d rows: the %s kernel differs", cases[i].bits,
 						      d, G, n, pk_levels[v].name);
 				}
@@ -468,6 +518,88 @@ START_TEST(pk_kernels_match_reference)
 	}
 	for (int b = 0; b <= KVPK_MAX_BITS; b++)
 		ck_assert_msg(seen[b], "no pair of width %d in the cases", b);
+	fprintf(stderr, "pk quantized scores: largest error / bound %.3f\n", worst);
+}
+END_TEST
+
+/* The centroid (unscaled) of rotated coordinate i of a TQ row. */
+static float tq_centroid_of(const KvAttnRows *r, const uint8_t *row, int i)
+{
+	const TqLayout *L = &r->tq;
+	if (i < L->n_hi)
+		return r->cb[0][bitpack_get(row + L->off_hi, L->bits_hi, (size_t)i)];
+	return r->cb[1][bitpack_get(row + L->off_lo, L->bits_lo, (size_t)(i - L->n_hi))];
+}
+
+/*
+ * TQ values with int16 weights (kv_attn.h): the AVX-512 VBMI/VNNI kernel
+ * gives the scalar twin's floats bit for bit, and that twin is within the
+ * stated bound of the float reference, for the types whose layout the
+ * kernel takes (the default's tq3.5 among them), 1..5 heads, partial
+ * blocks, a head with no weight.
+ */
+START_TEST(q16_values_match_reference)
+{
+	uint64_t st = test_seed() + 500;
+	static const char *const names[] = { "tq3.5", "tq3.5_nc", "tq3", "tq2", "tq4.5", "tq1.5", "tq5" };
+	static const int lens[] = { 32, 17, 1 };
+	double worst = 0.0;
+	Case t4; /* tq4 stays on the float kernel (kv_attn.h) */
+	case_tq(&t4, "tq4", 64, &st);
+	ck_assert(!t4.rows.q16v);
+	case_free(&t4);
+	for (size_t ni = 0; ni < ARRAY_SIZE(names); ni++) {
+		Case c;
+		case_tq(&c, names[ni], 64, &st);
+		ck_assert_msg(c.rows.q16v, "%s: the int16 value kernel does not take it", names[ni]);
+		const TqLayout *L = &c.rows.tq;
+		for (size_t li = 0; li < ARRAY_SIZE(lens); li++)
+			for (int G = 1; G <= GMAX; G++) {
+				int n = lens[li], d = c.dim;
+				float p[GMAX * NK], flt[GMAX * 64], want[GMAX * 64], got[GMAX * 64], init[GMAX * 64];
+				for (int i = 0; i < GMAX * NK; i++) /* softmax-like: many small, a few near 1 */
+					p[i] = i / NK == 2 ? 0.0f : expf(-3.0f * fabsf(test_rand_normal(&st)));
+				for (int i = 0; i < GMAX * 64; i++)
+					init[i] = test_rand_normal(&st);
+				memcpy(flt, init, sizeof(init));
+				memcpy(want, init, sizeof(init));
+				kv_attn_values_ref(&c.rows, p, NK, G, c.k, n, flt, 64);
+				kv_attn_values_q16_ref(&c.rows, p, NK, G, c.k, n, want, 64);
+				for (int g = 0; g < G; g++) {
+					double wm = 0.0, sw = 0.0;
+					for (int j = 0; j < n; j++) {
+						double w = p[g * NK + j] * tq_load_f16(c.k + (size_t)j * L->code_bytes + L->off_scale[0]);
+						wm = fmax(wm, w);
+						sw += w;
+					}
+					double cv = c.rows.q16v_scale;
+					for (int i = 0; i < d; i++) {
+						double sc = 0.0, sum = 0.0;
+						for (int j = 0; j < n; j++) {
+							const uint8_t *row = c.k + (size_t)j * L->code_bytes;
+							float x = tq_centroid_of(&c.rows, row, i);
+							sc += fabs(x) + cv / 2;
+							sum += fabs(x) * p[g * NK + j] * tq_load_f16(row + L->off_scale[0]);
+						}
+						double bound = 0.5005 * (wm / KVATTN_Q16V_WMAX) * sc + cv / 2 * sw +
+							       4e-6 * (fabs(init[g * 64 + i]) + sum);
+						double e = fabs((double)want[g * 64 + i] - flt[g * 64 + i]);
+						ck_assert_msg(e <= bound, "%s, %d heads, %d rows: head %d coordinate %d: %.9g vs %.9g, bound %.3g",
+							      names[ni], G, n, g, i, want[g * 64 + i], flt[g * 64 + i], bound);
+						if (bound > 8e-6 * (fabs(init[g * 64 + i]) + sum))
+							worst = fmax(worst, e / bound);
+					}
+				}
+				if (kv_attn_have_avx512vnni()) {
+					memcpy(got, init, sizeof(init));
+					kv_attn_values_q16_avx512(&c.rows, p, NK, G, c.k, n, got, 64);
+					ck_assert_msg(memcmp(got, want, sizeof(got)) == 0,
+						      "%s, %d heads, %d rows: the AVX-512 int16 value kernel differs", names[ni], G, n);
+				}
+			}
+		case_free(&c);
+	}
+	fprintf(stderr, "int16 values: largest error / bound %.3f\n", worst);
 }
 END_TEST
 
@@ -771,6 +903,9 @@ static void timing_avx512(const Case *c, const char *name)
 	if (kv_attn_have_avx512())
 		fprintf(stderr, "kvattn timing %-8s d=64 G=3, ns/key: scores avx512 %.1f; values avx512 %.1f\n", name,
 			time_scores(c, kv_attn_scores_avx512, 3), time_values(c, kv_attn_values_avx512, 3));
+	if (kv_attn_have_avx512vnni() && c->rows.q16v)
+		fprintf(stderr, "kvattn timing %-8s d=64 G=3, ns/key: values int16 avx512 vbmi/vnni %.1f\n", name,
+			time_values(c, kv_attn_values_q16_avx512, 3));
 }
 
 #endif
@@ -812,10 +947,10 @@ START_TEST(timing)
 		case_free(&c);
 	}
 	for (int b = 4; b <= 5; b++)
-		fprintf(stderr, "kvattn timing pk%d      d=64 G=3, ns/key: scores ref %.1f, avx2 %.1f, avx512 %.1f, avx512vbmi %.1f\n",
-			b, time_pk(kv_attn_pk_scores_ref, b, &st), time_pk(kv_attn_pk_scores_avx2, b, &st),
-			kv_attn_have_avx512() ? time_pk(kv_attn_pk_scores_avx512, b, &st) : 0.0,
-			kv_attn_have_avx512vbmi() ? time_pk(kv_attn_pk_scores_avx512vbmi, b, &st) : 0.0);
+		fprintf(stderr, "kvattn timing pk%d      d=64 G=3, ns/key: scores float ref %.1f, quantized ref %.1f, avx2 %.1f, avx512 vbmi/vnni %.1f\n",
+			b, time_pk(kv_attn_pk_scores_ref, b, &st), time_pk(kv_attn_pk_scores_q16_ref, b, &st),
+			time_pk(kv_attn_pk_scores_q16_avx2, b, &st),
+			kv_attn_have_avx512vnni() ? time_pk(kv_attn_pk_scores_q16_avx512, b, &st) : 0.0);
 	static const char *const more[] = { "tq5", "tq3.5" }; /* the default type's key and value halves */
 	for (size_t i = 0; i < ARRAY_SIZE(more); i++) {
 		Case c;
@@ -837,6 +972,7 @@ static Suite *kvattn_suite(void)
 	tcase_add_loop_test(tc, tq_kernels_match_reference, 0, (int)ARRAY_SIZE(tq_names));
 	tcase_add_test(tc, plain_kernels_match_reference);
 	tcase_add_test(tc, pk_kernels_match_reference);
+	tcase_add_test(tc, q16_values_match_reference);
 	tcase_add_test(tc, pq_kernels_match_reference);
 	tcase_add_test(tc, exact_kernels_match_reference);
 	tcase_add_test(tc, tq_value_helpers);
