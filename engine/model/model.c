@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@ typedef struct Loader {
 	Model *m;
 	const char *arch;
 	Error *err;
+	bool f32_weights; /* model_load_f32(): matrices dequantized into owned memory */
 } Loader;
 
 static int arch_key(const Loader *ld, const char *suffix, char *buf, size_t size)
@@ -189,6 +191,19 @@ static const GgufTensor *find_tensor(const Loader *ld, const char *name, bool re
 	return t;
 }
 
+/* n floats the model owns (freed with it), or NULL. */
+static float *own_floats(Model *m, size_t n)
+{
+	float **owned = realloc(m->owned, (m->n_owned + 1) * sizeof(*owned));
+	if (!owned)
+		return NULL;
+	m->owned = owned;
+	float *v = malloc_array(n, sizeof(float));
+	if (v)
+		m->owned[m->n_owned++] = v;
+	return v;
+}
+
 /* A 2-D weight (rows, cols): ne = {cols, rows} in GGUF order. */
 static int load_matrix(const Loader *ld, const char *name, int64_t rows, int64_t cols,
 		       MatmulWeight *ret)
@@ -208,6 +223,18 @@ static int load_matrix(const Loader *ld, const char *name, int64_t rows, int64_t
 		.data = t->data, .type = t->type, .rows = rows, .cols = cols,
 		.row_stride = wtype_row_bytes(t->type, cols),
 	};
+	if (ld->f32_weights && t->type != WTYPE_F32) {
+		if (cols <= 0 || (size_t)rows > SIZE_MAX / sizeof(float) / (size_t)cols)
+			return -ENOMEM;
+		float *v = own_floats(ld->m, (size_t)rows * (size_t)cols);
+		if (!v)
+			return -ENOMEM;
+		for (int64_t r = 0; r < rows; r++)
+			wtype_dequantize_row(t->type, (const uint8_t *)t->data + r * ret->row_stride, v + r * cols,
+					     cols);
+		*ret = (MatmulWeight){ .data = v, .type = WTYPE_F32, .rows = rows, .cols = cols,
+				       .row_stride = (size_t)cols * sizeof(float) };
+	}
 	return 0;
 }
 
@@ -233,15 +260,10 @@ static int load_vector(const Loader *ld, const char *name, int64_t n, bool requi
 	if (!wtype_is_supported(t->type) || wtype_row_bytes(t->type, n) == 0)
 		return error_set(ld->err, MODEL_E_UNSUPPORTED, "tensor '%s': type %s not supported here",
 				 name, wtype_name(t->type));
-	float **owned = realloc(m->owned, (m->n_owned + 1) * sizeof(*owned));
-	if (!owned)
-		return -ENOMEM;
-	m->owned = owned;
-	float *v = malloc_array(n, sizeof(float));
+	float *v = own_floats(m, (size_t)n);
 	if (!v)
 		return -ENOMEM;
 	wtype_dequantize_row(t->type, t->data, v, n);
-	m->owned[m->n_owned++] = v;
 	*ret = v;
 	return 0;
 }
@@ -387,7 +409,7 @@ static int upload_weights(Model *m, Error *err)
 	return 0;
 }
 
-int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err)
+static int load_gguf(Gguf *g, Backend *b, bool f32_weights, Model **ret, Error *err)
 {
 	_cleanup_(model_freep) Model *m = calloc(1, sizeof(*m));
 	if (!m) {
@@ -396,7 +418,7 @@ int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err)
 	}
 	m->gguf = g;
 	m->backend = b;
-	Loader ld = { .m = m, .err = err };
+	Loader ld = { .m = m, .err = err, .f32_weights = f32_weights };
 	int r = load_config(&ld);
 	if (r == 0)
 		r = load_weights(&ld);
@@ -406,6 +428,11 @@ int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err)
 		return r;
 	*ret = TAKE_PTR(m);
 	return 0;
+}
+
+int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err)
+{
+	return load_gguf(g, b, false, ret, err);
 }
 
 char *model_default_path(char *buf, size_t size)
@@ -430,6 +457,15 @@ int model_load_on(const char *path, Backend *b, Model **ret, Error *err)
 int model_load(const char *path, Model **ret, Error *err)
 {
 	return model_load_on(path, backend_cpu(), ret, err);
+}
+
+int model_load_f32(const char *path, Model **ret, Error *err)
+{
+	Gguf *g;
+	int r = gguf_open(path, &g, err);
+	if (r != 0)
+		return r;
+	return load_gguf(g, backend_cpu(), true, ret, err);
 }
 
 /* Hand back what upload_weights() got from the backend (the first

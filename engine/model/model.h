@@ -112,7 +112,7 @@ typedef struct Model {
 	MatmulWeight output;    /* (n_vocab, dim), tok_embd when tied */
 	const float *output_norm; /* (dim,) */
 	LayerWeights *layers;   /* (n_layers,) */
-	float **owned;          /* small tensors converted to f32 at load */
+	float **owned;          /* tensors converted to f32 at load (vectors; every matrix under model_load_f32) */
 	size_t n_owned;
 	size_t n_uploaded;      /* weights handed to backend->upload_weight, for release */
 } Model;
@@ -133,6 +133,17 @@ int model_load(const char *path, Model **ret, Error *err);
  * device memory: err says which tensor did not fit) or the backend's error.
  */
 int model_load_on(const char *path, Backend *b, Model **ret, Error *err);
+/*
+ * Load onto the CPU backend with every weight matrix dequantized to f32
+ * at load, into memory the model owns (4 bytes per weight: 0.5 GiB for the
+ * default model, 1.1 GiB for Gemma 3 270M). f32 weights take f32
+ * activations, so nothing rounds activations to int8 blocks before a
+ * product: the forward pass is then exact up to float32 rounding, which
+ * is what test-model compares with the float64 reference, and what tells a
+ * wrong kernel or op (a difference that stays) from activation rounding
+ * (one that goes). For checks, not for serving.
+ */
+int model_load_f32(const char *path, Model **ret, Error *err);
 /* Build from an opened GGUF (consumed: freed with the model, or on error). */
 int model_load_gguf(Gguf *g, Backend *b, Model **ret, Error *err);
 Model *model_free(Model *m);

@@ -9,6 +9,11 @@
  *             llama-simple's text as long as each step's top-1/top-2 logit
  *             margin exceeds 0.25; after a step at or below it the two may
  *             part (the margin is ours: llama-simple prints no logits).
+ *             They may also part where the exact forward pass (weights
+ *             dequantized to f32, model_load_f32: no int8 activation
+ *             rounding) picks our token too or is itself a close call:
+ *             int8 rounding moves margins by tenths (below), so a clear
+ *             margin of ours does not make llama.cpp's pick the right one.
  *
  *   window    past the sliding window (512): 900 tokens of docs/architecture.md
  *             and 24 greedy steps on the compressed store, whose local
@@ -39,6 +44,7 @@
 
 #define GREEDY_STEPS 16
 #define CLEAR_MARGIN 0.25
+
 
 static char model_path[1024];
 static Model *model;
@@ -101,6 +107,43 @@ START_TEST(gemma_tokenize_matches_llamacpp)
 }
 END_TEST
 
+/*
+ * The top token and top-1/top-2 margin of the exact forward pass (f32
+ * weights) after ids (n): the arbiter where we part from llama.cpp at a
+ * margin of ours above CLEAR_MARGIN. Measured on "Once upon a time, in a
+ * small village,": the three int8 paths (AVX2, scalar, NEON) give the
+ * margins at the same steps up to 0.22 away from the exact pass's, and after
+ * "He was a hard-working" the exact pass picks ',' over llama.cpp's
+ * ' man' (margin 0.134) where NEON picks it by 0.352.
+ */
+static int exact_top(const int32_t *ids, size_t n, double *ret_margin)
+{
+	Model *m = NULL;
+	Error err = { 0 };
+	ck_assert_msg(model_load_f32(model_path, &m, &err) == 0, "model_load_f32: %s", err.msg);
+	KvCache *kv = NULL;
+	ModelRun *run = NULL;
+	ck_assert_int_eq(model_kvcache_new(m, NULL, 0, (int64_t)n, &kv, &err), 0);
+	ck_assert_int_eq(model_run_new(m, 64, NULL, &run), 0);
+	float *logits = malloc(sizeof(float) * m->cfg.n_vocab);
+	ck_assert(logits);
+	ck_assert_int_eq(model_eval(m, run, kv, ids, (int64_t)n, logits, NULL), 0);
+	int top = 0, second = -1;
+	for (int v = 1; v < m->cfg.n_vocab; v++)
+		if (logits[v] > logits[top]) {
+			second = top;
+			top = v;
+		} else if (second < 0 || logits[v] > logits[second]) {
+			second = v;
+		}
+	*ret_margin = (double)logits[top] - logits[second];
+	free(logits);
+	model_run_free(run);
+	kvcache_free(kv);
+	model_free(m);
+	return top;
+}
+
 START_TEST(gemma_greedy_matches_llamacpp)
 {
 	char *data = test_read_file(test_data_path("golden/gemma3/greedy.txt"), NULL);
@@ -117,7 +160,7 @@ START_TEST(gemma_greedy_matches_llamacpp)
 		int32_t *ids = NULL;
 		size_t n = 0;
 		ck_assert_int_eq(tokenizer_encode(tok, prompt, plen, false, &ids, &n), 0);
-		int32_t *all = malloc(sizeof(int32_t) * (n + 1));
+		int32_t *all = malloc(sizeof(int32_t) * (n + 1 + GREEDY_STEPS));
 		ck_assert(all);
 		all[0] = tokenizer_bos(tok);
 		memcpy(all + 1, ids, n * sizeof(int32_t));
@@ -147,17 +190,22 @@ START_TEST(gemma_greedy_matches_llamacpp)
 			size_t cmp = glen < rlen ? glen : rlen;
 			bool agree = memcmp(got, ref, cmp) == 0;
 			if (!agree) {
-				ck_assert_msg(margin <= CLEAR_MARGIN,
-					      "prompt '%s' step %d: ours '%.*s', llama.cpp '%s' (margin %.3f)", prompt,
-					      step, (int)glen, got, ref, margin);
-				fprintf(stderr, "'%s': parts from llama.cpp at step %d, margin %.3f\n", prompt, step,
-					margin);
+				double exact_margin = 0;
+				int exact = margin <= CLEAR_MARGIN ? top : exact_top(all, n + 1 + step, &exact_margin);
+				ck_assert_msg(exact == top || exact_margin <= CLEAR_MARGIN,
+					      "prompt '%s' step %d: ours '%.*s', llama.cpp '%s' (margin %.3f; the exact "
+					      "pass picks %d by %.3f)", prompt, step, (int)glen, got, ref, margin, exact,
+					      exact_margin);
+				fprintf(stderr, "'%s': parts from llama.cpp at step %d, margin %.3f%s\n", prompt, step,
+					margin, exact == top && margin > CLEAR_MARGIN ? " (the exact pass picks ours too)"
+											: "");
 				break;
 			}
 			compared++;
 			if (glen >= rlen)
 				break;
 			int32_t t = top;
+			all[n + 1 + step] = t;
 			ck_assert_int_eq(model_eval(model, run, kv, &t, 1, logits, NULL), 0);
 		}
 		fprintf(stderr, "'%s' -> '%.*s'\n", prompt, (int)glen, got);
