@@ -10,10 +10,10 @@
  * call where the type has a multi-row kernel.
  *
  * Weights the CPU backend repacked (layout X4, repack.h) go through tile
- * kernels instead: 4 rows x up to 4 tokens per call, the rows' blocks read
- * as one stream.
+ * kernels instead: 4 rows x up to 8 tokens per call, the rows' blocks read
+ * as one stream (AVX-512 VNNI where the CPU has it, else AVX2).
  *
- * Owns the choice of kernel (AVX2, NEON or reference, per call, from
+ * Owns the choice of kernel (AVX-512, AVX2, NEON or reference, per call, from
  * cpu_features()); the kernels themselves live in vec_dot_*.c,
  * repack*.c and quant_act*.c.
  */
@@ -102,7 +102,9 @@ static void simd_kernels_get(uint32_t t, MatmulKernels *k)
 static RepackTileFn simd_tile_get(uint32_t t)
 {
 #if defined(CPU_KERNELS_X86)
-	return repack_tile_avx2_get(t);
+	const CpuFeatures *f = cpu_features();
+	RepackTileFn fn = f->avx512 && f->avx512vnni ? repack_tile_avx512_get(t) : NULL;
+	return fn ? fn : repack_tile_avx2_get(t);
 #elif defined(CPU_KERNELS_NEON)
 	return repack_tile_neon_get(t, cpu_features()->dotprod);
 #else

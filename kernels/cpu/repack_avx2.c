@@ -12,9 +12,11 @@
  * accumulator, so nothing is summed horizontally before the end.
  */
 #include <immintrin.h>
-#include <string.h>
 
 #include "kernels/cpu/repack.h"
+#include "kernels/cpu/repack_x86.h"
+
+#define AVX2_NT 4
 
 static inline float hsum8(__m256 v)
 {
@@ -24,20 +26,6 @@ static inline float hsum8(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
-/* The 12 packed bytes as 8 scales (bytes 0..7) and 8 mins (bytes 8..15),
- * as wtype_q4k_scale_min() reads them (ggml's kmask trick). */
-static inline __m128i q4k_scales_mins(const uint8_t *scales)
-{
-	uint32_t u[4];
-	memcpy(u, scales, 12);
-	u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-	uint32_t mins_lo = u[1] & 0x3f3f3f3f;
-	u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-	u[2] = mins_lo;
-	u[0] &= 0x3f3f3f3f;
-	return _mm_loadu_si128((const __m128i *)u);
-}
-
 /* Shuffle picking 16-bit lane j of each 128-bit half into every lane. */
 static inline __m256i lane16(int j)
 {
@@ -45,19 +33,18 @@ static inline __m256i lane16(int j)
 }
 
 static inline __attribute__((always_inline)) void q4k_pair(int64_t nb, const BlockQ4_K *g, int r0,
-							    const char *act, size_t a_stride, int nt, float *y,
-							    size_t y_stride, const int NT)
+							    const char *act, size_t a_stride, float *y, size_t y_stride,
+							    const int NT)
 {
 	const __m256i m4 = _mm256_set1_epi8(0xF);
-	__m256 accf[2][REPACK_MAX_NT];
+	__m256 accf[2][AVX2_NT];
 	for (int i = 0; i < 2; i++)
 		for (int t = 0; t < NT; t++)
 			accf[i][t] = _mm256_setzero_ps();
-	(void)nt;
 
 	for (int64_t b = 0; b < nb; b++) {
 		const BlockQ4_K *w[2] = { &g[b * REPACK_GROUP + r0], &g[b * REPACK_GROUP + r0 + 1] };
-		const BlockQ8_K *a[REPACK_MAX_NT];
+		const BlockQ8_K *a[AVX2_NT];
 		for (int t = 0; t < NT; t++)
 			a[t] = (const BlockQ8_K *)(act + (size_t)t * a_stride) + b;
 		__builtin_prefetch((const char *)(w[0] + REPACK_GROUP * 2), 0, 0);
@@ -75,7 +62,7 @@ static inline __attribute__((always_inline)) void q4k_pair(int64_t nb, const Blo
 			mn[i] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
 		}
 
-		__m256i acc[2][REPACK_MAX_NT];
+		__m256i acc[2][AVX2_NT];
 		for (int i = 0; i < 2; i++)
 			for (int t = 0; t < NT; t++)
 				acc[i][t] = _mm256_setzero_si256();
@@ -117,12 +104,18 @@ void repack_tile_q4_K_avx2(int64_t n, const void *group, const void *act, size_t
 {
 	const BlockQ4_K *g = group;
 	int64_t nb = n / QK_K;
-	for (int r0 = 0; r0 < REPACK_GROUP; r0 += 2) {
-		switch (nt) {
-		case 1: q4k_pair(nb, g, r0, act, a_stride, nt, y, y_stride, 1); break;
-		case 2: q4k_pair(nb, g, r0, act, a_stride, nt, y, y_stride, 2); break;
-		case 3: q4k_pair(nb, g, r0, act, a_stride, nt, y, y_stride, 3); break;
-		default: q4k_pair(nb, g, r0, act, a_stride, nt, y, y_stride, 4); break;
+	/* four tokens at a time: 2 rows x 4 tokens of accumulators fill the 16 ymm registers */
+	for (int t0 = 0; t0 < nt; t0 += AVX2_NT) {
+		const char *a = (const char *)act + (size_t)t0 * a_stride;
+		float *yt = y + (size_t)t0 * y_stride;
+		int k = nt - t0 < AVX2_NT ? nt - t0 : AVX2_NT;
+		for (int r0 = 0; r0 < REPACK_GROUP; r0 += 2) {
+			switch (k) {
+			case 1: q4k_pair(nb, g, r0, a, a_stride, yt, y_stride, 1); break;
+			case 2: q4k_pair(nb, g, r0, a, a_stride, yt, y_stride, 2); break;
+			case 3: q4k_pair(nb, g, r0, a, a_stride, yt, y_stride, 3); break;
+			default: q4k_pair(nb, g, r0, a, a_stride, yt, y_stride, 4); break;
+			}
 		}
 	}
 }

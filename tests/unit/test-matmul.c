@@ -90,10 +90,25 @@ static VecDotMultiFn simd_multi(int i, uint32_t t)
 #endif
 }
 
+/*
+ * The tile kernel sets (layout X4) this CPU may run now: x86 set 0 AVX2,
+ * set 1 AVX-512 VNNI (gone with TURBOKV_NO_AVX512=1); aarch64 as
+ * simd_set(). Returns set i's name or NULL.
+ */
+static const char *tile_set(int i)
+{
+#if defined(CPU_KERNELS_X86)
+	const CpuFeatures *f = cpu_features();
+	if (i == 1)
+		return simd_set(0) && f->avx512 && f->avx512vnni ? "avx512vnni" : NULL;
+#endif
+	return simd_set(i);
+}
+
 static RepackTileFn simd_tile(int i, uint32_t t)
 {
 #if defined(CPU_KERNELS_X86)
-	return repack_tile_avx2_get(t);
+	return i == 1 ? repack_tile_avx512_get(t) : repack_tile_avx2_get(t);
 #elif defined(CPU_KERNELS_NEON)
 	return repack_tile_neon_get(t, i == 1);
 #else
@@ -658,26 +673,28 @@ END_TEST
 
 /*
  * Repacked Q4_K (layout X4): the layout holds the same rows (gathered back
- * byte for byte), the SIMD tile kernels equal the reference tile within
- * float rounding for 1..4 tokens, and matmul() over the repacked copy
- * equals matmul_ref() over the row-major original for 1..3 threads (the
- * scalar path bit for bit).
+ * byte for byte), the SIMD tile kernels (AVX2 and AVX-512 VNNI on x86)
+ * equal the reference tile within float rounding for 1..8 tokens and
+ * K up to 18 super-blocks (the AVX-512 kernel's passes of 16), and
+ * matmul() over the repacked copy equals matmul_ref() over the row-major
+ * original for 1..3 threads, with and without AVX-512 (the scalar path
+ * bit for bit).
  */
 START_TEST(test_repack_q4_K)
 {
 	uint32_t t = WTYPE_Q4_K;
 	uint64_t rng = test_seed() ^ 0x5000u;
-	const int64_t rows_list[] = { 4, 12, 40 };
-	const int64_t cols_list[] = { 256, 2304, 2048 };
-	const int64_t toks[] = { 1, 3, 4, 9 };
+	const int64_t rows_list[] = { 4, 12, 40, 8 };
+	const int64_t cols_list[] = { 256, 2304, 2048, 4608 };
+	const int64_t toks[] = { 1, 3, 4, 6, 9, 17 };
 	RepackTileFn ref = repack_tile_ref_get(t), fast[N_SIMD_SETS];
 
 	ck_assert_ptr_nonnull(ref);
-	for (int k = 0; k < N_SIMD_SETS; k++)
-		fast[k] = simd_set(k) ? simd_tile(k, t) : NULL;
-	if (!fast[0])
-		fprintf(stderr, "repack Q4_K: no SIMD tile kernel checked\n");
-	for (size_t ri = 0; ri < 3; ri++) {
+	for (int k = 0; k < N_SIMD_SETS; k++) {
+		fast[k] = tile_set(k) ? simd_tile(k, t) : NULL;
+		fprintf(stderr, "repack Q4_K: tile set %d %s\n", k, fast[k] ? tile_set(k) : "not checked");
+	}
+	for (size_t ri = 0; ri < 4; ri++) {
 		int64_t rows = rows_list[ri], cols = cols_list[ri];
 		size_t stride = wtype_row_bytes(t, (uint64_t)cols);
 		uint8_t *w = weights_random(t, rows, cols, stride, &rng);
@@ -691,7 +708,7 @@ START_TEST(test_repack_q4_K)
 			ck_assert_mem_eq(repack_row(&px, r, row), w + (size_t)r * stride, stride);
 		free(row);
 
-		for (size_t ti = 0; ti < 4; ti++) {
+		for (size_t ti = 0; ti < sizeof(toks) / sizeof(toks[0]); ti++) {
 			int64_t n_tok = toks[ti];
 			float *x = acts_random(n_tok * cols, &rng);
 			float *yr = malloc((size_t)(n_tok * rows) * sizeof(float));
@@ -699,7 +716,7 @@ START_TEST(test_repack_q4_K)
 			double *abs_sum = abs_sums(t, w, stride, rows, cols, x, n_tok);
 			ck_assert_int_eq(matmul_ref(&mw, x, yr, n_tok), 0);
 
-			/* the tile kernels on the first group, up to 4 tokens */
+			/* the tile kernels on the first group, up to 8 tokens */
 			size_t as = wtype_row_bytes(WTYPE_Q8_K, (uint64_t)cols);
 			int nt = (int)(n_tok < REPACK_MAX_NT ? n_tok : REPACK_MAX_NT);
 			uint8_t *act = malloc(as * (size_t)nt);
@@ -719,7 +736,7 @@ START_TEST(test_repack_q4_K)
 						ck_assert_msg(fabs(tf[j * REPACK_GROUP + i] - tr[j * REPACK_GROUP + i]) <=
 								      1e-5 * abs_sum[j * rows + i] + 1e-30,
 							      "tile cols=%ld nt=%d row %d tok %d: %s %.9g ref %.9g",
-							      (long)cols, nt, i, j, simd_set(k), tf[j * REPACK_GROUP + i],
+							      (long)cols, nt, i, j, tile_set(k), tf[j * REPACK_GROUP + i],
 							      tr[j * REPACK_GROUP + i]);
 				if (simd_exact(k))
 					for (int j = 0; j < nt; j++)
@@ -737,6 +754,14 @@ START_TEST(test_repack_q4_K)
 				for (int64_t i = 0; i < n_tok * rows; i++)
 					ck_assert_msg(fabs(y[i] - yr[i]) <= 1e-5 * abs_sum[i] + 1e-30,
 						      "repacked rows=%ld n_tok=%ld nth=%d out %ld: %.9g vs ref %.9g",
+						      (long)rows, (long)n_tok, nth, (long)i, y[i], yr[i]);
+				/* the AVX2 tiles on a CPU that has AVX-512 */
+				cpu_features_disable_avx512(true);
+				ck_assert_int_eq(matmul(tp, &px, x, y, n_tok), 0);
+				cpu_features_disable_avx512(false);
+				for (int64_t i = 0; i < n_tok * rows; i++)
+					ck_assert_msg(fabs(y[i] - yr[i]) <= 1e-5 * abs_sum[i] + 1e-30,
+						      "repacked, no avx512, rows=%ld n_tok=%ld nth=%d out %ld: %.9g vs %.9g",
 						      (long)rows, (long)n_tok, nth, (long)i, y[i], yr[i]);
 				cpu_features_disable_simd(true);
 				ck_assert_int_eq(matmul(tp, &px, x, y, n_tok), 0);
