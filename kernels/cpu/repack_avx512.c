@@ -3,24 +3,25 @@
  * Compiled with -mavx512f/dq/bw/vl -mavx512vnni (and AVX2/FMA/F16C); called
  * only when cpu_features() has avx512 and avx512vnni.
  *
- * Q4_K: one row of the group at a time against up to Q4K_NT Q8_K activation
- * rows, the K dimension in passes of Q4K_SB_CHUNK super-blocks (the
- * tokens' activations, 8 x 16 x 292 bytes, stay in L1/L2 while the group's
- * 4 rows go past). Per (row, super-block) the nibbles are split once into
- * four zmm of 64 unsigned bytes (sub-blocks 2nn and 2nn+1 side by side,
- * lined up with activation bytes 64nn..64nn+63), then per token:
+ * Q4_K: the group's 4 rows at once against up to Q4K_NT Q8_K activation
+ * rows. A zmm lane (r, g), r = row 0..3, g = 0..3, holds 4 consecutive
+ * columns of row r: per super-block and nibble pair nn, 16 bytes of each
+ * row's qs (offset 32 nn + 16 h, h = 0, 1) go to 128-bit lane r and are
+ * split into low nibbles (sub-block 2 nn) and high (2 nn + 1), columns
+ * 16 h + 4 g + 0..3 of the sub-block in lane (r, g). The matching 16
+ * activation bytes are broadcast to all four 128-bit lanes (a load, no
+ * shuffle), so each activation byte is read once for all 4 rows. Per
+ * token and sub-block j:
  *
- *   p_nn = vpdpbusd(0, nibbles_nn, act_nn)     16 x int32, each 4 products,
- *                                              |p| <= 4 * 15 * 128 < 2^15
- *   s    = vpdpwssd(vpdpwssd(0, packs(p0, p1), sc01), packs(p2, p3), sc23)
+ *   S   = vpdpbusd(vpdpbusd(0, nib_h0, act_h0), nib_h1, act_h1)
+ *                     8 products per lane, |S| <= 8 * 15 * 128 < 2^15
+ *   acc = vpdpwssd(acc, S, SC_j)   SC_j lane (r, g) = words (sc_rj, 0):
+ *                     S's low word times the 6-bit scale, exactly
  *
- * packs is exact (|p| < 2^15) and the scale words sc01/sc23 follow packs'
- * per-128-bit-lane order (SC_IDX), so s holds the 6-bit-scaled sub-block
- * sums exactly. The min term sum_j m_j (bsums[2j] + bsums[2j+1]) is taken
- * in float: per pass each token's d * bsums[k] (16 floats per super-block)
- * is made once, each row's dmin * m_{k/2} once per super-block, and one
- * fnmadd per (row, token, super-block) folds it into the accumulator. One
- * horizontal sum per output and pass at the end; the reference is the row
+ * and the min term M lane (r, g) = m_rg (bsums[2g] + bsums[2g+1]) +
+ * m_r(g+4) (bsums[2g+8] + bsums[2g+9]) by two vpdpwssd against the
+ * broadcast bsums. Per super-block, in float: y_rt += d_t (d_r acc -
+ * dmin_r M), summed over the lanes g at the end. The reference is the row
  * kernel (repack_tile_q4_K_ref), equal to float rounding (test-matmul).
  */
 #include <immintrin.h>
@@ -29,85 +30,102 @@
 #include "kernels/cpu/repack_x86.h"
 
 #define Q4K_NT 8
-#define Q4K_SB_CHUNK 16
 
-/*
- * The scale word of each int16 lane of packs(p_a, p_b) (nn = a, b): packs
- * puts, in 128-bit lane k, p_a's int32 4k..4k+3 (words 8k..8k+3) then p_b's
- * (words 8k+4..8k+7); int32 lane l of p_nn covers nibble bytes 4l..4l+3,
- * i.e. sub-block 2nn for l < 8 and 2nn+1 above.
- */
-static const short SC_IDX[2][32] = {
-	{ 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3 },
-	{ 4, 4, 4, 4, 6, 6, 6, 6, 4, 4, 4, 4, 6, 6, 6, 6, 5, 5, 5, 5, 7, 7, 7, 7, 5, 5, 5, 5, 7, 7, 7, 7 },
+/* Word index, in the four rows' 8 scales as 32 words (row r at 8 r), of
+ * each lane (r, g)'s scale word: 8 r (+ j); odd words are zeroed. */
+static const short SC_BASE[32] = {
+	0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 8, 0, 8, 0, 8, 0, 16, 0, 16, 0, 16, 0, 16, 0, 24, 0, 24, 0, 24, 0, 24, 0,
 };
+/* Lane (r, g) <- row r's float. */
+static const int ROW_IDX[16] = { 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 };
+
+/* Bytes off of the 4 rows' qs, one row per 128-bit lane. */
+static inline __m512i rows16(const BlockQ4_K *w, int off)
+{
+	__m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w[0].qs + off)));
+	x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(w[1].qs + off)), 1);
+	x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(w[2].qs + off)), 2);
+	return _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(w[3].qs + off)), 3);
+}
+
+static inline __m512i bcast16(const void *p)
+{
+	return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+}
 
 static inline __attribute__((always_inline)) void q4k_tile(int64_t nb, const BlockQ4_K *g, const char *act,
 							    size_t a_stride, float *y, size_t y_stride,
 							    const int NT)
 {
-	_Alignas(64) float af[Q4K_SB_CHUNK][Q4K_NT][16];
 	const __m512i m4 = _mm512_set1_epi8(0xF);
-	/* word shifts: 0 for the low 256 bits (low nibbles), 4 for the high */
-	const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-	const __m512i idx01 = _mm512_loadu_si512(SC_IDX[0]), idx23 = _mm512_loadu_si512(SC_IDX[1]);
 	const __m512i zero = _mm512_setzero_si512();
+	const __m512i sc_base = _mm512_loadu_si512(SC_BASE);
+	const __m512i row_idx = _mm512_loadu_si512(ROW_IDX);
+	__m512 facc[Q4K_NT];
 
-	for (int64_t b0 = 0; b0 < nb; b0 += Q4K_SB_CHUNK) {
-		int kb = nb - b0 < Q4K_SB_CHUNK ? (int)(nb - b0) : Q4K_SB_CHUNK;
-		for (int b = 0; b < kb; b++)
-			for (int t = 0; t < NT; t++) {
-				const BlockQ8_K *a = (const BlockQ8_K *)(act + (size_t)t * a_stride) + b0 + b;
-				__m512 bs = _mm512_cvtepi32_ps(
-					_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)a->bsums)));
-				_mm512_store_ps(af[b][t], _mm512_mul_ps(bs, _mm512_set1_ps(a->d)));
-			}
+	for (int t = 0; t < NT; t++)
+		facc[t] = _mm512_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const BlockQ4_K *w = &g[b * REPACK_GROUP];
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP), _MM_HINT_T0);
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP) + 64, _MM_HINT_T0);
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP) + 128, _MM_HINT_T0);
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP) + 192, _MM_HINT_T0);
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP) + 256, _MM_HINT_T0);
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP) + 320, _MM_HINT_T0);
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP) + 384, _MM_HINT_T0);
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP) + 448, _MM_HINT_T0);
+		_mm_prefetch((const char *)(w + 2 * REPACK_GROUP) + 512, _MM_HINT_T0);
 
-		for (int i = 0; i < REPACK_GROUP; i++) {
-			__m512 accf[Q4K_NT];
-			for (int t = 0; t < NT; t++)
-				accf[t] = _mm512_setzero_ps();
-			for (int b = 0; b < kb; b++) {
-				const BlockQ4_K *w = &g[(b0 + b) * REPACK_GROUP + i];
-				if (b0 + b + Q4K_SB_CHUNK < nb) {
-					const char *pf = (const char *)(w + Q4K_SB_CHUNK * REPACK_GROUP);
-					_mm_prefetch(pf, _MM_HINT_T0);
-					_mm_prefetch(pf + 64, _MM_HINT_T0);
-					_mm_prefetch(pf + 128, _MM_HINT_T0);
-				}
-				__m128i sm = q4k_scales_mins(w->scales);
-				__m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm));
-				__m512i sc01 = _mm512_permutexvar_epi16(idx01, sc);
-				__m512i sc23 = _mm512_permutexvar_epi16(idx23, sc);
-				/* m0 m0 m1 m1 ... m7 m7, against the 16 bsums */
-				__m128i m8 = _mm_unpackhi_epi64(sm, sm);
-				__m512 mf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(m8, m8))),
-							  _mm512_set1_ps(_cvtsh_ss(w->dmin)));
-				__m512 df = _mm512_set1_ps(_cvtsh_ss(w->d));
-				__m512i q[4];
-				for (int nn = 0; nn < 4; nn++) {
-					__m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w->qs + 32 * nn)));
-					q[nn] = _mm512_and_si512(_mm512_srlv_epi16(x, shift), m4);
-				}
-				for (int t = 0; t < NT; t++) {
-					const BlockQ8_K *a = (const BlockQ8_K *)(act + (size_t)t * a_stride) + b0 + b;
-					__m512i p0 = _mm512_dpbusd_epi32(zero, q[0], _mm512_loadu_si512(a->qs));
-					__m512i p1 = _mm512_dpbusd_epi32(zero, q[1], _mm512_loadu_si512(a->qs + 64));
-					__m512i p2 = _mm512_dpbusd_epi32(zero, q[2], _mm512_loadu_si512(a->qs + 128));
-					__m512i p3 = _mm512_dpbusd_epi32(zero, q[3], _mm512_loadu_si512(a->qs + 192));
-					__m512i s = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(p0, p1), sc01);
-					s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(p2, p3), sc23);
-					__m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), df);
-					accf[t] = _mm512_fmadd_ps(f, _mm512_set1_ps(a->d), accf[t]);
-					accf[t] = _mm512_fnmadd_ps(mf, _mm512_load_ps(af[b][t]), accf[t]);
-				}
-			}
+		/* scales and mins of the 4 rows, row r at bytes 8 r */
+		__m128i sm0 = q4k_scales_mins(w[0].scales), sm1 = q4k_scales_mins(w[1].scales);
+		__m128i sm2 = q4k_scales_mins(w[2].scales), sm3 = q4k_scales_mins(w[3].scales);
+		__m512i scw = _mm512_cvtepu8_epi16(
+			_mm256_set_m128i(_mm_unpacklo_epi64(sm2, sm3), _mm_unpacklo_epi64(sm0, sm1)));
+		__m128 ma = _mm_castsi128_ps(_mm_unpackhi_epi64(sm0, sm1));
+		__m128 mb = _mm_castsi128_ps(_mm_unpackhi_epi64(sm2, sm3));
+		/* lane (r, g): words (m_rg, m_rg) and (m_r(g+4), m_r(g+4)) */
+		__m512i mlo = _mm512_cvtepu8_epi32(_mm_castps_si128(_mm_shuffle_ps(ma, mb, _MM_SHUFFLE(2, 0, 2, 0))));
+		__m512i mhi = _mm512_cvtepu8_epi32(_mm_castps_si128(_mm_shuffle_ps(ma, mb, _MM_SHUFFLE(3, 1, 3, 1))));
+		mlo = _mm512_or_si512(mlo, _mm512_slli_epi32(mlo, 16));
+		mhi = _mm512_or_si512(mhi, _mm512_slli_epi32(mhi, 16));
+		float dd[4] = { _cvtsh_ss(w[0].d), _cvtsh_ss(w[1].d), _cvtsh_ss(w[2].d), _cvtsh_ss(w[3].d) };
+		float dm[4] = { _cvtsh_ss(w[0].dmin), _cvtsh_ss(w[1].dmin), _cvtsh_ss(w[2].dmin), _cvtsh_ss(w[3].dmin) };
+		__m512 vd = _mm512_permutexvar_ps(row_idx, _mm512_castps128_ps512(_mm_loadu_ps(dd)));
+		__m512 vdm = _mm512_permutexvar_ps(row_idx, _mm512_castps128_ps512(_mm_loadu_ps(dm)));
+
+		__m512i acc[Q4K_NT];
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm512_setzero_si512();
+		for (int nn = 0; nn < 4; nn++) {
+			__m512i x0 = rows16(w, 32 * nn), x1 = rows16(w, 32 * nn + 16);
+			__m512i lo0 = _mm512_and_si512(x0, m4), lo1 = _mm512_and_si512(x1, m4);
+			__m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(x0, 4), m4);
+			__m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(x1, 4), m4);
+			__m512i sclo = _mm512_maskz_permutexvar_epi16(0x55555555, _mm512_add_epi16(sc_base, _mm512_set1_epi16((short)(2 * nn))), scw);
+			__m512i schi = _mm512_maskz_permutexvar_epi16(0x55555555, _mm512_add_epi16(sc_base, _mm512_set1_epi16((short)(2 * nn + 1))), scw);
 			for (int t = 0; t < NT; t++) {
-				float v = _mm512_reduce_add_ps(accf[t]);
-				float *out = &y[(size_t)t * y_stride + (size_t)i];
-				*out = b0 ? *out + v : v;
+				const int8_t *q = ((const BlockQ8_K *)(act + (size_t)t * a_stride) + b)->qs + 64 * nn;
+				__m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo0, bcast16(q)), lo1, bcast16(q + 16));
+				acc[t] = _mm512_dpwssd_epi32(acc[t], s, sclo);
+				s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, hi0, bcast16(q + 32)), hi1, bcast16(q + 48));
+				acc[t] = _mm512_dpwssd_epi32(acc[t], s, schi);
 			}
 		}
+		for (int t = 0; t < NT; t++) {
+			const BlockQ8_K *a = (const BlockQ8_K *)(act + (size_t)t * a_stride) + b;
+			__m512i m = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, bcast16(a->bsums), mlo), bcast16(a->bsums + 8),
+							mhi);
+			__m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[t]), vd,
+						   _mm512_mul_ps(_mm512_cvtepi32_ps(m), vdm));
+			facc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(a->d), facc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++) {
+		_Alignas(64) float v[16];
+		_mm512_store_ps(v, facc[t]);
+		for (int r = 0; r < REPACK_GROUP; r++)
+			y[(size_t)t * y_stride + (size_t)r] = (v[4 * r] + v[4 * r + 1]) + (v[4 * r + 2] + v[4 * r + 3]);
 	}
 }
 
