@@ -10,8 +10,8 @@
  * call where the type has a multi-row kernel.
  *
  * Weights the CPU backend repacked (layout X4, repack.h) go through tile
- * kernels instead: 4 rows x up to 8 tokens per call, the rows' blocks read
- * as one stream (AVX-512 VNNI where the CPU has it, else AVX2).
+ * kernels instead: 4 rows (8 with AVX-512 VNNI) x up to 16 tokens per call,
+ * the rows' blocks read as one stream.
  *
  * Owns the choice of kernel (AVX-512, AVX2, NEON or reference, per call, from
  * cpu_features()); the kernels themselves live in vec_dot_*.c,
@@ -43,6 +43,7 @@ typedef struct MatmulKernels {
 	VecDotFn dot;
 	VecDotMultiFn multi; /* NULL: loop over dot */
 	RepackTileFn tile;   /* layout X4: the only kernel (dot and multi NULL) */
+	RepackTileFn tile8;  /* layout X4, two groups per call where there is one */
 } MatmulKernels;
 
 /* One weight of a group and where its chunks sit in the shared count. */
@@ -99,6 +100,18 @@ static void simd_kernels_get(uint32_t t, MatmulKernels *k)
 #endif
 }
 
+/* Two groups per call: AVX-512 VNNI only; NULL where none. */
+static RepackTileFn simd_tile8_get(uint32_t t)
+{
+#if defined(CPU_KERNELS_X86)
+	const CpuFeatures *f = cpu_features();
+	return f->avx512 && f->avx512vnni ? repack_tile8_avx512_get(t) : NULL;
+#else
+	(void)t;
+	return NULL;
+#endif
+}
+
 static RepackTileFn simd_tile_get(uint32_t t)
 {
 #if defined(CPU_KERNELS_X86)
@@ -132,6 +145,7 @@ static int kernels_pick(const MatmulWeight *w, bool allow_simd, MatmulKernels *r
 		if (w->rows % REPACK_GROUP != 0)
 			return -EINVAL;
 		ret->tile = ret->simd ? simd_tile_get(w->type) : NULL;
+		ret->tile8 = ret->simd ? simd_tile8_get(w->type) : NULL;
 		if (!ret->tile)
 			ret->tile = repack_tile_ref_get(w->type);
 		return ret->tile ? 0 : -EINVAL;
@@ -163,10 +177,14 @@ static void matmul_rows_tiled(const MatmulCtx *c, const MatmulPart *p, int64_t r
 		int64_t t1 = MIN(t0 + MATMUL_TILE_ROWS, r1);
 		for (int64_t tok = 0; tok < c->n_tok; tok += REPACK_MAX_NT) {
 			int nt = (int)MIN((int64_t)REPACK_MAX_NT, c->n_tok - tok);
-			for (int64_t r = t0; r < t1; r += REPACK_GROUP)
-				p->k.tile(w->cols, (const char *)w->data + (size_t)(r / REPACK_GROUP) * group_bytes,
-					  act + (size_t)tok * c->act_stride, c->act_stride, nt, p->y + tok * rows + r,
-					  (size_t)rows);
+			for (int64_t r = t0; r < t1;) {
+				bool two = p->k.tile8 && r + 2 * REPACK_GROUP <= t1;
+				(two ? p->k.tile8 : p->k.tile)(w->cols,
+							       (const char *)w->data + (size_t)(r / REPACK_GROUP) * group_bytes,
+							       act + (size_t)tok * c->act_stride, c->act_stride, nt,
+							       p->y + tok * rows + r, (size_t)rows);
+				r += two ? 2 * REPACK_GROUP : REPACK_GROUP;
+			}
 		}
 	}
 }

@@ -15,7 +15,7 @@
  * One stream of weights feeds a 4-row tile, and a tile reads each
  * activation block once for all its rows.
  *
- * Tile kernels: Y (nt tokens, 4 rows) of one group against nt <= 8 Q8_K
+ * Tile kernels: Y (nt tokens, 4 rows) of one group against nt <= 16 Q8_K
  * activation rows. The reference is the row kernel (vec_dot_q4_K_ref) on
  * each row gathered back; the AVX2 and AVX-512 VNNI ones compute the same
  * integer sub-block sums exactly and differ in the order of float
@@ -30,8 +30,8 @@
 #include "kernels/wtype.h"
 
 #define REPACK_GROUP 4
-/* Tokens per tile call: the AVX-512 kernel's tile (8); the others split it. */
-#define REPACK_MAX_NT 8
+/* Tokens per tile call: the AVX-512 8-row kernel's tile (16); the others split it. */
+#define REPACK_MAX_NT 16
 
 /*
  * y[t * y_stride + i] = dot(row i of group, activation row t) for i < 4,
@@ -62,6 +62,12 @@ RepackTileFn repack_tile_avx2_get(uint32_t t);
 /* AVX-512 with VNNI (call only when cpu_features() has avx512 and
  * avx512vnni, and what repack_tile_avx2_get needs); NULL if none. */
 RepackTileFn repack_tile_avx512_get(uint32_t t);
+/*
+ * The same for two consecutive groups (8 rows: y[t * y_stride + i], i < 8;
+ * the second group 4 rows of packed-tight row bytes after the first); the
+ * reference is repack_tile_ref_get()'s kernel on each group. NULL if none.
+ */
+RepackTileFn repack_tile8_avx512_get(uint32_t t);
 /* NEON (aarch64 builds; dotprod only where cpu_features() has it): the NEON
  * row kernel on each row's blocks in place, no gather. */
 RepackTileFn repack_tile_neon_get(uint32_t t, bool dotprod);
@@ -72,3 +78,5 @@ void repack_tile_q4_K_avx2(int64_t n, const void *group, const void *act, size_t
 			   size_t y_stride);
 void repack_tile_q4_K_avx512vnni(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 				 size_t y_stride);
+void repack_tile8_q4_K_avx512vnni(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+				  size_t y_stride);

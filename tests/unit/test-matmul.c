@@ -95,6 +95,17 @@ static VecDotMultiFn simd_multi(int i, uint32_t t)
  * set 1 AVX-512 VNNI (gone with TURBOKV_NO_AVX512=1); aarch64 as
  * simd_set(). Returns set i's name or NULL.
  */
+/* The two-group tile kernel (x86 set 1, AVX-512 VNNI); NULL where none. */
+static RepackTileFn simd_tile8(uint32_t t)
+{
+#if defined(CPU_KERNELS_X86)
+	return repack_tile8_avx512_get(t);
+#else
+	(void)t;
+	return NULL;
+#endif
+}
+
 static const char *tile_set(int i)
 {
 #if defined(CPU_KERNELS_X86)
@@ -673,8 +684,9 @@ END_TEST
 
 /*
  * Repacked Q4_K (layout X4): the layout holds the same rows (gathered back
- * byte for byte), the SIMD tile kernels (AVX2 and AVX-512 VNNI on x86)
- * equal the reference tile within float rounding for 1..8 tokens and
+ * byte for byte), the SIMD tile kernels (AVX2 and AVX-512 VNNI on x86,
+ * the latter's two-group kernel too) equal the reference tile within
+ * float rounding for 1..16 tokens and
  * K up to 18 super-blocks (the AVX-512 kernel's passes of 16), and
  * matmul() over the repacked copy equals matmul_ref() over the row-major
  * original for 1..3 threads, with and without AVX-512 (the scalar path
@@ -716,7 +728,7 @@ START_TEST(test_repack_q4_K)
 			double *abs_sum = abs_sums(t, w, stride, rows, cols, x, n_tok);
 			ck_assert_int_eq(matmul_ref(&mw, x, yr, n_tok), 0);
 
-			/* the tile kernels on the first group, up to 8 tokens */
+			/* the tile kernels on the first group, up to 16 tokens */
 			size_t as = wtype_row_bytes(WTYPE_Q8_K, (uint64_t)cols);
 			int nt = (int)(n_tok < REPACK_MAX_NT ? n_tok : REPACK_MAX_NT);
 			uint8_t *act = malloc(as * (size_t)nt);
@@ -742,6 +754,21 @@ START_TEST(test_repack_q4_K)
 					for (int j = 0; j < nt; j++)
 						ck_assert_mem_eq(&tf[j * REPACK_GROUP], &tr[j * REPACK_GROUP],
 								 REPACK_GROUP * sizeof(float));
+			}
+			/* the two-group kernel on the first two groups against the reference on each */
+			RepackTileFn fast8 = tile_set(1) ? simd_tile8(t) : NULL;
+			if (fast8 && rows >= 2 * REPACK_GROUP) {
+				float t8[REPACK_MAX_NT * 2 * REPACK_GROUP], r8[REPACK_MAX_NT * 2 * REPACK_GROUP];
+				size_t gb = REPACK_GROUP * stride;
+				ref(cols, px.data, act, as, nt, r8, 2 * REPACK_GROUP);
+				ref(cols, (const uint8_t *)px.data + gb, act, as, nt, r8 + REPACK_GROUP, 2 * REPACK_GROUP);
+				fast8(cols, px.data, act, as, nt, t8, 2 * REPACK_GROUP);
+				for (int j = 0; j < nt; j++)
+					for (int i = 0; i < 2 * REPACK_GROUP; i++)
+						ck_assert_msg(fabs(t8[j * 2 * REPACK_GROUP + i] - r8[j * 2 * REPACK_GROUP + i]) <=
+								      1e-5 * abs_sum[j * rows + i] + 1e-30,
+							      "tile8 cols=%ld nt=%d row %d tok %d: %.9g ref %.9g", (long)cols,
+							      nt, i, j, t8[j * 2 * REPACK_GROUP + i], r8[j * 2 * REPACK_GROUP + i]);
 			}
 			free(act);
 
