@@ -13,7 +13,9 @@
 #   LLAMA_BENCH (the peer of scripts/llamacpp-peer-build.sh when built, else
 #   $TURBOKV_REF/build/bin/llama-bench), LAB (build/tools/turbokv-lab/turbokv-lab),
 #   LAB_BEFORE (a second turbokv-lab, e.g. a saved copy of the old binary: run
-#   in the same rounds, with a new/old ratio).
+#   in the same rounds, with a new/old ratio), KV (our cache type, passed as
+#   --kv; default the bench's own, f32; llama-bench's cache is f16, so KV=f16
+#   compares like with like).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +33,7 @@ if [[ -z ${LLAMA_BENCH:-} ]]; then
 fi
 LAB=${LAB:-build/tools/turbokv-lab/turbokv-lab}
 LAB_BEFORE=${LAB_BEFORE:-}
+KV=${KV:-}
 [[ -x $LLAMA_BENCH ]] || { echo "no $LLAMA_BENCH: run scripts/llamacpp-peer-build.sh" >&2; exit 1; }
 [[ -x $LAB ]] || { echo "no $LAB: run scripts/setup.sh" >&2; exit 1; }
 
@@ -53,12 +56,12 @@ model_path() {
 }
 
 ours() { # LAB MODEL -> "pp tg"
-	"$1" bench --model "$2" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" --json |
+	"$1" bench --model "$2" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" ${KV:+--kv "$KV"} --json |
 		python3 -c 'import json,sys; r={x["test"][:2]: x["tokens_per_s"] for x in json.load(sys.stdin)["results"]}; print(r.get("pp", 0), r.get("tg", 0))'
 }
 
 echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p'), $(nproc) cores; threads $THREADS"
-echo "llama-bench: $LLAMA_BENCH"
+echo "llama-bench: $LLAMA_BENCH; our KV cache: ${KV:-the bench default}"
 summary=()
 for name in $MODELS; do
 	model=$(model_path "$name")
