@@ -45,7 +45,16 @@
 #define TOL_INT 2e-3
 
 static const char *const specs[] = {
-	"pk4:tq3_nc", "pk4:tq3_nc+s", "pk4:tq3",
+	"f32", "f16", "q8_0", "q4_0", "q8_0+h", "q4_0+h",
+	"tq2", "tq3", "tq4", "tq2.5", "tq3.5",
+	"tq4+qjl:tq4", "tq3+sqjl:tq3", "tq3.5o", "tq4_nc",
+	"q8_0:tq3",
+	"tq3.5:tq3,0=q8_0,-1=f16:q4_0+h",
+	"tq4_nc+c:tq3", "q4_0+h+c:q8_0", "tq3+qjl+c:tq3.5o",
+	"pk4:tq3", "pk2.5:f32,1=tq4_nc+c:q8_0",
+	"pq", "pq3f:pq4f", "pk4:pq,1=pq5+c:pq2",
+	"tq3:tq3+qjl", "tq4+qjl:tq3+sqjl",
+	"tq4_nc+c:tq3_nc+s", "q8_0:q4_0+h+s,1=tq4_nc+c:tq3.5o+s", "f16:tq3+qjl+s", "pk4:tq3_nc+s",
 };
 
 /* Cache contents for one check: k, v (n_layers, n, n_kv_heads * d); q (n, n_heads * d). */
