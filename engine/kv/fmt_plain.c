@@ -164,6 +164,13 @@ static void plain_query(const void *st, const float *q, int G, void *prep)
 	}
 }
 
+/* The stored domain: R x for +h (R its own inverse), else x itself. */
+static void plain_to_stored(const void *st, const float *x, float *ret)
+{
+	const PlainSide *s = st;
+	kvquant_query_prepare(&s->type, x, ret);
+}
+
 static void plain_finish(const void *st, const float *acc, float *out)
 {
 	const PlainSide *s = st;
@@ -221,6 +228,7 @@ const KvFormatOps kvfmt_plain = {
 	.query = plain_query,
 	.scores = kvformat_row_scores,
 	.values = kvformat_row_values,
+	.to_stored = plain_to_stored,
 	.finish = plain_finish,
 	.load_row = plain_load_row,
 	.record_bytes = plain_record_bytes,

@@ -224,8 +224,8 @@ static void pq_scores(const void *st, const KvSideRows *rows, const float *q, co
 	s->scores(&s->pq.rows, prep, G, kv_side_region(rows, b), n, scale, scores, ld);
 }
 
-static void pq_values(const void *st, const uint8_t *region, const float *p, int ld, int G, int n,
-		      float *acc, int acc_ld)
+static void pq_values(const void *st, const uint8_t *region, int64_t b, const float *p, int ld, int G,
+		      int n, float *acc, int acc_ld)
 {
 	const PqSide *s = st;
 	s->values(&s->pq.rows, p, ld, G, region, n, acc, acc_ld);

@@ -264,12 +264,12 @@ static void tq_query(const void *st, const float *q, int G, void *prep)
 }
 
 /* Values: the row kernels, or with QJL each row read back whole (see the top). */
-static void tq_values(const void *st, const uint8_t *region, const float *p, int ld, int G, int n,
-		      float *acc, int acc_ld)
+static void tq_values(const void *st, const uint8_t *region, int64_t b, const float *p, int ld, int G,
+		      int n, float *acc, int acc_ld)
 {
 	const TqSide *s = st;
 	if (!(s->type.tq.flags & TQ_FLAG_QJL)) {
-		kvformat_row_values(st, region, p, ld, G, n, acc, acc_ld);
+		kvformat_row_values(st, region, b, p, ld, G, n, acc, acc_ld);
 		return;
 	}
 	int d = s->type.dim;
@@ -282,6 +282,15 @@ static void tq_values(const void *st, const uint8_t *region, const float *p, int
 				a[i] += w * v[i];
 		}
 	}
+}
+
+/* The rotated domain: P x, as a query is rotated (tq_output_finish() is its inverse). */
+static void tq_to_stored(const void *st, const float *x, float *ret)
+{
+	const TqSide *s = st;
+	TqQuery tqq;
+	tq_query_prepare(s->codec, x, &tqq);
+	memcpy(ret, tqq.rot, (size_t)s->type.dim * sizeof(float));
 }
 
 static void tq_finish(const void *st, const float *acc, float *out)
@@ -388,6 +397,7 @@ const KvFormatOps kvfmt_tq = {
 	.query = tq_query,
 	.scores = kvformat_row_scores,
 	.values = tq_values,
+	.to_stored = tq_to_stored,
 	.finish = tq_finish,
 	.load_row = tq_load_row,
 	.record_bytes = tq_record_bytes,

@@ -26,7 +26,7 @@ const KvFormatOps *kvformat_of(const KvType *t)
 {
 	assert(t->format >= 0 && t->format < KV_FORMAT_COUNT && registry[t->format]);
 	const KvFormatOps *ops = registry[t->format];
-	return t->centered && !ops->centers ? &kvfmt_centered : ops;
+	return (t->centered && !ops->centers) || t->sink ? &kvfmt_centered : ops;
 }
 
 const KvFormatOps *kvformat_at(size_t i)
@@ -56,8 +56,8 @@ void kvformat_row_scores(const void *st, const KvSideRows *rows, const float *q,
 	rk->scores(&rk->rows, prep, G, kv_side_region(rows, b), n, scale, scores, ld);
 }
 
-void kvformat_row_values(const void *st, const uint8_t *region, const float *p, int ld, int G, int n,
-			 float *acc, int acc_ld)
+void kvformat_row_values(const void *st, const uint8_t *region, int64_t b, const float *p, int ld,
+			 int G, int n, float *acc, int acc_ld)
 {
 	const KvRowKernels *rk = st;
 	rk->values(&rk->rows, p, ld, G, region, n, acc, acc_ld);

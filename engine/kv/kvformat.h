@@ -8,7 +8,8 @@
  *   fmt_plain.c     f32, f16, q8_0, q4_0, each optionally +h
  *   fmt_tq.c        TurboQuant (tq.h): .5 splits, +qjl/+sqjl, outlier
  *                   channels ("o"), _nc, _r1
- *   fmt_centered.c  +c: any key format above, storing k - mu
+ *   fmt_centered.c  +c: any key format above, storing k - mu; +s: plain
+ *                   or TurboQuant values with block 0 kept exact
  *   fmt_pk.c        pair-coded keys (kvpk.h), centered by themselves
  *   fmt_pq.c        PolarQuant (kvpq.h), keys and values
  *
@@ -157,9 +158,19 @@ struct KvFormatOps {
 	 */
 	void (*scores)(const void *st, const KvSideRows *rows, const float *q, const void *prep,
 		       int G, int64_t b, int64_t own, int n, float scale, float *scores, int ld);
-	/* Values: acc (G, acc_ld) += p (G, ld) times the n rows of region, in the stored domain. */
-	void (*values)(const void *st, const uint8_t *region, const float *p, int ld, int G, int n,
-		       float *acc, int acc_ld);
+	/*
+	 * Values: acc (G, acc_ld) += p (G, ld) times the n rows of region (block
+	 * b's), in the stored domain.
+	 */
+	void (*values)(const void *st, const uint8_t *region, int64_t b, const float *p, int ld, int G,
+		       int n, float *acc, int acc_ld);
+	/*
+	 * Optional, values: x (d,) into the stored domain, ret (d,), so that
+	 * finish() of sum_j p_j to_stored(x_j) is sum_j p_j x_j (TurboQuant:
+	 * P x; +h: R x; plain: x). What a wrapper (+c values) needs to add
+	 * rows it keeps exact to the accumulator.
+	 */
+	void (*to_stored)(const void *st, const float *x, float *ret);
 	/* Values: out (d,) = acc (d,) back in the original domain. */
 	void (*finish)(const void *st, const float *acc, float *out);
 	/* The stored row of position pos, read back in the original domain (tests, kvstats). */
@@ -223,8 +234,8 @@ typedef struct KvRowKernels {
 void kvformat_row_kernels_init(KvRowKernels *rk);
 void kvformat_row_scores(const void *st, const KvSideRows *rows, const float *q, const void *prep,
 			 int G, int64_t b, int64_t own, int n, float scale, float *scores, int ld);
-void kvformat_row_values(const void *st, const uint8_t *region, const float *p, int ld, int G, int n,
-			 float *acc, int acc_ld);
+void kvformat_row_values(const void *st, const uint8_t *region, int64_t b, const float *p, int ld,
+			 int G, int n, float *acc, int acc_ld);
 
 /* scores[g * ld + t] = scale * <q_g, x_t> over exact rows x (n, d), n <= 32, in f32 (kv_attn_exact_scores_get()). */
 void kvformat_exact_scores(const float *x, int d, const float *q, int G, int n, float scale,

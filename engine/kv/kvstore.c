@@ -613,7 +613,7 @@ static void attend_blocks(const AttendJob *j, const KvHead *H, AttendScratch *sc
 				for (int x = 0; x < d; x++)
 					acc[g * (d + 2) + x] *= corr[g];
 		/* values, in the stored domain */
-		H->v.ops->values(H->v.st, blk + BT * L->k_bytes, scores, BT, nh, nj, acc, d + 2);
+		H->v.ops->values(H->v.st, blk + BT * L->k_bytes, b, scores, BT, nh, nj, acc, d + 2);
 	}
 }
 

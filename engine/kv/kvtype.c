@@ -38,10 +38,38 @@ static int base_type_from_name(const char *name, KvRole role, int dim, KvType *r
 			 name);
 }
 
+/* "<base>+s": values with block 0 kept exact (kvtype.h, "+s"). */
+static int sink_type_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
+{
+	size_t n = strlen(name);
+	char base[KVTYPE_NAME_MAX];
+	if (n - 2 >= sizeof(base))
+		return error_set(err, KVTYPE_E_UNKNOWN, "unknown KV type '%s' (too long)", name);
+	memcpy(base, name, n - 2);
+	base[n - 2] = '\0';
+	if (role == KV_ROLE_K)
+		return error_set(err, KVTYPE_E_ROLE,
+				 "K type '%s': +s (exact sink values) is for values only; centered "
+				 "keys (+c, pk) keep block 0 exact already",
+				 name);
+	KvType t;
+	int r = base_type_from_name(base, role, dim, &t, err);
+	if (r)
+		return r;
+	if (t.centered || t.sink || !kvformat_of(&t)->to_stored)
+		return error_set(err, KVTYPE_E_UNKNOWN,
+				 "unknown KV type '%s': +s takes a plain or TurboQuant value type", name);
+	t.sink = true;
+	*ret = t;
+	return 0;
+}
+
 int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err)
 {
 	assert(name);
 	size_t n = strlen(name);
+	if (n >= 2 && strcmp(name + n - 2, "+s") == 0)
+		return sink_type_from_name(name, role, dim, ret, err);
 	if (n < 2 || strcmp(name + n - 2, "+c") != 0)
 		return base_type_from_name(name, role, dim, ret, err);
 
@@ -79,14 +107,15 @@ void kvtype_name(const KvType *t, char *buf, size_t size)
 	bool plus_c = t->centered && !kvformat_of(t)->centers;
 	if (plus_c)
 		b.centered = false;
+	b.sink = false;
 	kvformat_of(&b)->type_name(&b, base, sizeof(base));
-	snprintf(buf, size, "%s%s", base, plus_c ? "+c" : "");
+	snprintf(buf, size, "%s%s", base, plus_c ? "+c" : t->sink ? "+s" : "");
 }
 
 bool kvtype_equal(const KvType *a, const KvType *b)
 {
 	if (a->format != b->format || a->hadamard != b->hadamard || a->centered != b->centered ||
-	    a->dim != b->dim)
+	    a->sink != b->sink || a->dim != b->dim)
 		return false;
 	return kvformat_of(a)->type_equal(a, b);
 }
@@ -433,7 +462,7 @@ bool kvplan_is_f32(const KvPlan *plan)
 	for (int l = 0; l < plan->n_layers; l++)
 		for (int role = 0; role < 2; role++) {
 			const KvType *t = role ? &plan->layers[l].v : &plan->layers[l].k;
-			if (t->format != KV_FORMAT_F32 || t->hadamard || t->centered)
+			if (t->format != KV_FORMAT_F32 || t->hadamard || t->centered || t->sink)
 				return false;
 		}
 	return true;

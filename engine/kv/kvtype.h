@@ -18,6 +18,8 @@
  *   q8_0      d / 32 ggml block_q8_0 (34 bytes)      8.5
  *   q4_0      d / 32 ggml block_q4_0 (18 bytes)      4.5
  *   <b>+h     as <b>; x rotated first (below)        as <b>
+ *   <b>+s     values: as <b>; block 0 kept exact     as <b>
+ *             beside the rows (below)
  *   tq...     tq.h's coded vector, tq_code_bytes()   tq4 4.25, tq3 3.25 ...
  *   pk<B>     B d / 8 code bytes + ceil(3 d / 128)   pk4 4.25, pk2.5 2.75
  *             of per-block side data (kvpk.h)
@@ -71,6 +73,20 @@
  * Cost: 33 d floats per (layer, kv-head) per cache, not per token (8.4 KB
  * at d = 64); bits per value count tokens and are those without +c.
  *
+ * == +s: the sink's values kept exact (values only; plain or TQ formats:
+ *    "tq2.5_nc+s", "q4_0+h+s") ==
+ *
+ * The values of block 0 (positions 0..31) are kept beside the rows,
+ * binary16-rounded, as +c keeps block 0's keys, and read from there: the
+ * rows of block 0 hold codes of zero vectors, never read. Position 0 is
+ * the attention sink: on SmolLM2-135M the f32 attention of layers 12-29
+ * puts 24 to 56 % of its weight on block 0 (docs/benchmarks.md, issue 25),
+ * so the error of its coded values passes into the output nearly whole,
+ * where the errors of many weakly weighted rows average out. Cost: 32 d
+ * binary16 values per (layer, kv-head) per cache (4 KB at d = 64), nothing
+ * per token. Values are not centered: a mean from positions 1..31
+ * measured worse than none in layers 3-9 of that model (same section).
+ *
  * == pk<B>: pair-coded keys (keys only; always centered as +c) ==
  *
  * kvpk.h's format: each block of 32 keys (past block 0) stores, per RoPE
@@ -105,6 +121,8 @@
  *                                 tq3.5 keys and tq3 values
  *   "tq4+qjl:tq4,5=f16:q8_0"      layer 5 only: f16 keys, q8_0 values
  *   "tq4_nc+c:tq3_nc"             centered tq4_nc keys, tq3_nc values
+ *   "pk2.25:tq2.5_nc+s"           pair-coded keys, tq2.5_nc values with
+ *                                 block 0 (the sink) kept exact
  * No spaces. Ranges are checked against the layer count at resolve time
  * (a range that is out of range or empty there is an error, never
  * clamped). Type names are case-sensitive (lower case).
@@ -197,6 +215,7 @@ typedef struct KvType {
 	KvFormat format;
 	bool hadamard; /* +h: stored vectors are R x (not for TQ) */
 	bool centered; /* +c (keys only): stored vectors are x - mu, position 0 kept exact */
+	bool sink;     /* +s (values only): block 0 (positions 0..31) kept exact beside the rows */
 	int dim;       /* head_dim d */
 	TqDesc tq;     /* KV_FORMAT_TQ only (tq.c's default seeds) */
 	int code_bits; /* formats with a bit budget per head vector (pk: B d) */
@@ -237,7 +256,7 @@ typedef struct KvPlan {
 /*
  * The type called name, for vectors of dim values stored as role.
  * Returns 0, KVTYPE_E_UNKNOWN (also for a malformed TQ name),
- * KVTYPE_E_ROLE (+c or pk for values) or KVTYPE_E_DIM; err names
+ * KVTYPE_E_ROLE (+c or pk for values, +s for keys) or KVTYPE_E_DIM; err names
  * the token. *ret written only on success.
  */
 int kvtype_from_name(const char *name, KvRole role, int dim, KvType *ret, Error *err);

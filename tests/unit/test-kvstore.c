@@ -54,6 +54,7 @@ static const char *const specs[] = {
 	"pk4:tq3", "pk2.5:f32,1=tq4_nc+c:q8_0",
 	"pq", "pq3f:pq4f", "pk4:pq,1=pq5+c:pq2",
 	"tq3:tq3+qjl", "tq4+qjl:tq3+sqjl",
+	"tq4_nc+c:tq3_nc+s", "q8_0:q4_0+h+s,1=tq4_nc+c:tq3.5o+s", "f16:tq3+qjl+s", "pk4:tq3_nc+s",
 };
 
 /* Cache contents for one check: k, v (n_layers, n, n_kv_heads * d); q (n, n_heads * d). */
@@ -183,7 +184,8 @@ static void expect_center(const KvCache *kv, int layer, int head, const float *k
  * Decode row p of one side of (layer, head) from its block into x (d,),
  * after checking the stored bytes against an independent encoding of src.
  * A +c key side (mu given) stores src - mu, and zero vectors in block 0,
- * whose keys the attention takes as binary16: x is src rounded there.
+ * whose keys the attention takes as binary16: x is src rounded there (a
+ * +s value side: the same with mu = 0).
  */
 static void load_row(const KvCache *kv, const KvType *t, const TqCodec *codec, const KvPq *pq,
 		     int layer, int head, KvRole role, int64_t p, const float *src, const float *mu, float *x)
@@ -368,7 +370,7 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 					pq_side(kv, &lt->k, l, h, KV_ROLE_K, &kq);
 				if (lt->v.format == KV_FORMAT_PQ)
 					pq_side(kv, &lt->v, l, h, KV_ROLE_V, &vq);
-				float mu[TQ_MAX_DIM] = { 0 };
+				float mu[TQ_MAX_DIM] = { 0 }, zero_mu[TQ_MAX_DIM] = { 0 };
 				if (lt->k.centered && pos0 + n >= KV_BLOCK_TOKENS)
 					expect_center(kv, l, h, k + h * d, row, pos0 + n, mu);
 				bool pk = lt->k.format == KV_FORMAT_PK;
@@ -379,8 +381,9 @@ static KvCache *check_spec(const char *spec, const Inputs *in, const int64_t *ba
 					if (!pk)
 						load_row(kv, &lt->k, kc, kq.rot ? &kq : NULL, l, h, KV_ROLE_K, p,
 							 k + p * row + h * d, lt->k.centered ? mu : NULL, kd + p * d);
+					/* +s values: block 0 kept as binary16, its rows zeros; mu 0 */
 					load_row(kv, &lt->v, vc, vq.rot ? &vq : NULL, l, h, KV_ROLE_V, p,
-						 v + p * row + h * d, NULL, vd + p * d);
+						 v + p * row + h * d, lt->v.sink ? zero_mu : NULL, vd + p * d);
 				}
 				for (int64_t t = pos0; t < pos0 + n; t++) {
 					/* pk: a query reads its own block from the stage, binary16 (kvpk.h) */
@@ -482,7 +485,7 @@ START_TEST(fused_equals_dequantized)
 		ck_assert_ptr_null(kvstore_block(kv, 0, 0, 3));
 		kvcache_free(kv);
 	}
-	if (strstr(spec, "+c") || strncmp(spec, "pk", 2) == 0)
+	if (strstr(spec, "+c") || strstr(spec, "+s") || strncmp(spec, "pk", 2) == 0)
 		kvcache_free(check_spec(spec, &in, small_batches, (int)ARRAY_SIZE(small_batches), 2, 0));
 	inputs_free(&in);
 }
@@ -604,6 +607,84 @@ START_TEST(centered_split_invariant_and_better)
 	fprintf(stderr, "attention error, keys with a common part: tq3 %.3g, tq3+c %.3g\n", err[0], err[1]);
 	ck_assert_msg(err[1] < 0.5 * err[0], "tq3+c %.3g, tq3 %.3g", err[1], err[0]);
 	for (int sidx = 0; sidx < 3; sidx++)
+		free(out[sidx]);
+	free(whole);
+	free(split);
+	inputs_free(&in);
+}
+END_TEST
+
+/*
+ * +s values: a prompt appended whole, or in pieces attended as they come,
+ * gives bit-identical outputs and bytes; f32+s is f32 but for block 0's
+ * binary16 rounding; and keeping the sink pays: when the queries put most
+ * of their weight on position 0, tq3_nc+s's attention error is well under
+ * tq3_nc's.
+ */
+START_TEST(sink_values_split_invariant_and_better)
+{
+	Inputs in = random_inputs(test_seed() + 78);
+	const KvCacheShape *sh = &in.shape;
+	int d = sh->head_dim, H = sh->n_heads, G = H / sh->n_kv_heads;
+	size_t row = (size_t)sh->n_kv_heads * d, qrow = (size_t)H * d;
+	enum { N = 40 };
+	static const int64_t pieces[] = { 5, 15, 20 };
+	float *whole = malloc(sizeof(float) * RN * qrow), *split = malloc(sizeof(float) * RN * qrow);
+	ck_assert(whole && split);
+	KvPlan *plan = NULL;
+	ck_assert_int_eq(kvplan_from_text("tq3_nc:tq3_nc+s", sh->n_layers, sh->n_kv_heads, d, &plan, NULL), 0);
+	KvCache *a = NULL, *b = NULL;
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &b, NULL), 0);
+	ck_assert_int_eq(observe_append(a, 0, 0, N, in.k, in.v, in.q), 0);
+	kvcache_attend(a, NULL, 0, 0, N, in.q, whole);
+	int64_t pos = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(pieces); i++) {
+		ck_assert_int_eq(observe_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row,
+						 in.q + pos * qrow), 0);
+		kvcache_attend(b, NULL, 0, pos, pieces[i], in.q + pos * qrow, split + pos * qrow);
+		pos += pieces[i];
+		kvcache_set_n_tokens(b, pos);
+	}
+	ck_assert(memcmp(whole, split, sizeof(float) * N * qrow) == 0);
+	for (int64_t blk = 0; blk < 2; blk++)
+		ck_assert(memcmp(kvstore_block(a, 0, 1, blk), kvstore_block(b, 0, 1, blk),
+				 kvstore_block_bytes(a, 0)) == 0);
+	kvcache_free(a);
+	kvcache_free(b);
+	kvplan_free(plan);
+
+	/* a sink: position 0's key along each kv-head's mean query, so it takes most weight */
+	for (int h = 0; h < sh->n_kv_heads; h++)
+		for (int i = 0; i < d; i++) {
+			double m = 0;
+			for (int t = 0; t < RN; t++)
+				for (int g = 0; g < G; g++)
+					m += in.q[(size_t)t * qrow + (size_t)(h * G + g) * d + i];
+			in.k[(size_t)h * d + i] = (float)(m / (RN * G)) * 12.0f;
+		}
+	const char *specs4[] = { "f32", "f32:f32+s", "f32:tq3_nc", "f32:tq3_nc+s" };
+	float *out[4];
+	for (int sidx = 0; sidx < 4; sidx++) {
+		ck_assert_int_eq(kvplan_from_text(specs4[sidx], sh->n_layers, sh->n_kv_heads, d, &plan, NULL), 0);
+		ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
+		out[sidx] = malloc(sizeof(float) * RN * qrow);
+		ck_assert_int_eq(observe_append(a, 0, 0, RN, in.k, in.v, in.q), 0);
+		kvcache_attend(a, NULL, 0, 0, RN, in.q, out[sidx]);
+		kvcache_free(a);
+		kvplan_free(plan);
+	}
+	double err[3] = { 0, 0, 0 }, norm = 0;
+	for (size_t i = 0; i < (size_t)RN * qrow; i++) {
+		norm += pow(out[0][i], 2);
+		for (int sidx = 1; sidx < 4; sidx++)
+			err[sidx - 1] += pow(out[sidx][i] - out[0][i], 2);
+	}
+	fprintf(stderr, "attention error with a sink: f32+s %.3g, tq3_nc %.3g, tq3_nc+s %.3g (of %.3g)\n",
+		err[0], err[1], err[2], norm);
+	ck_assert_msg(err[0] < 1e-5 * norm, "f32+s %.3g", err[0]);
+	ck_assert_msg(err[2] < 0.5 * err[1], "tq3_nc+s %.3g, tq3_nc %.3g", err[2], err[1]);
+	for (int sidx = 0; sidx < 4; sidx++)
 		free(out[sidx]);
 	free(whole);
 	free(split);
@@ -1532,6 +1613,7 @@ static Suite *kvstore_suite(void)
 	tcase_add_test(tc, rejected_plans);
 	tcase_add_test(tc, rewind_reuses_blocks);
 	tcase_add_test(tc, centered_split_invariant_and_better);
+	tcase_add_test(tc, sink_values_split_invariant_and_better);
 	tcase_add_test(tc, pk_split_and_rewind);
 	tcase_add_test(tc, pk_abandoned_rows);
 	tcase_add_test(tc, attention_only_reads);

@@ -199,6 +199,10 @@ START_TEST(test_spec_errors)
 		{ "tq9+c:tq4", 30, 64, KVTYPE_E_UNKNOWN, "'tq9'" },
 		{ "pk4", 30, 64, KVTYPE_E_ROLE, "'pk4'" }, /* one type: V too */
 		{ "pk4+c:tq3", 30, 64, KVTYPE_E_UNKNOWN, "always centered" },
+		{ "tq4+s", 30, 64, KVTYPE_E_ROLE, "'tq4+s'" }, /* one type: K too */
+		{ "tq4_nc+s:tq3", 30, 64, KVTYPE_E_ROLE, "values only" },
+		{ "tq4:pq+s", 30, 64, KVTYPE_E_UNKNOWN, "plain or TurboQuant" },
+		{ "tq4:tq3+s+s", 30, 64, KVTYPE_E_UNKNOWN, "'tq3+s'" },
 		{ "pk9:tq3", 30, 64, KVTYPE_E_UNKNOWN, "'pk9'" },
 		{ "pk:tq3", 30, 64, KVTYPE_E_UNKNOWN, "'pk'" },
 		{ "pk-4:tq3", 30, 64, KVTYPE_E_UNKNOWN, "'pk-4'" },
@@ -282,6 +286,19 @@ START_TEST(test_type_roles_and_names)
 	centered.centered = false;
 	ck_assert(kvtype_equal(&plain, &centered));
 	ck_assert_uint_eq(kvtype_vec_bytes(&plain), kvtype_vec_bytes(&centered));
+	/* +s is for values only (plain and TQ formats), and it changes nothing else */
+	ck_assert_int_eq(kvtype_from_name("tq2.5_nc+s", KV_ROLE_K, 64, &t, &err), KVTYPE_E_ROLE);
+	static const char *const sink_names[] = { "tq2.5_nc+s", "q4_0+h+s", "f16+s", "tq3+qjl+s", "tq3.5o+s" };
+	for (size_t i = 0; i < ARRAY_SIZE(sink_names); i++) {
+		char buf[KVTYPE_NAME_MAX], base[KVTYPE_NAME_MAX];
+		KvType s = type_ok(sink_names[i], KV_ROLE_V, 64);
+		kvtype_name(&s, buf, sizeof(buf));
+		ck_assert_str_eq(buf, sink_names[i]);
+		snprintf(base, sizeof(base), "%.*s", (int)strlen(sink_names[i]) - 2, sink_names[i]);
+		KvType b = type_ok(base, KV_ROLE_V, 64);
+		ck_assert(s.sink && !s.centered && !b.sink && !kvtype_equal(&s, &b));
+		ck_assert_uint_eq(kvtype_vec_bytes(&s), kvtype_vec_bytes(&b));
+	}
 
 	static const char *const names[] = {
 		"f32", "f16", "q8_0", "q4_0", "f32+h", "f16+h", "q8_0+h", "q4_0+h",

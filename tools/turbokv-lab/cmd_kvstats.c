@@ -17,7 +17,8 @@
  * inputs (kld measures the end-to-end effect). First, per layer, the share
  * of the keys' energy that lies in their mean, ||mu||^2 / mean ||k||^2
  * (positions 1..T-1, averaged over kv-heads): what centering (+c,
- * kvtype.h) takes off the vectors a quantizer stores.
+ * kvtype.h) takes off the vectors a quantizer stores, and the same for
+ * the values.
  */
 #include <getopt.h>
 #include <math.h>
@@ -38,6 +39,7 @@ typedef struct KvstatsOptions {
 	long skip;
 	long last;  /* --last: the out column over the last N tokens only (0: all) */
 	int rounds; /* 0: the type's own; 1 or 2: Hadamard rounds of TQ codecs (K/V columns only) */
+	bool mass; /* --mass: where the f32 attention goes (block 0, own block) */
 	char *specs[KVSTATS_MAX_SPECS];
 	int n_specs;
 } KvstatsOptions;
@@ -86,12 +88,15 @@ static void usage(FILE *f)
 		"                       instead of the type's (the out column keeps the type's)\n"
 		"      --last N         the out column over the last N tokens only (their\n"
 		"                       queries over the whole context: long-context error)\n"
+		"      --mass           print per layer the f32 attention's mean weight on\n"
+		"                       block 0 (positions 0..31) and on the query's own\n"
+		"                       block (the last <= 32 positions), over the --last tokens\n"
 		LAB_COMMON_HELP);
 }
 
 static int parse_args(int argc, char **argv, KvstatsOptions *o)
 {
-	enum { OPT_SKIP = 0x2000, OPT_ROUNDS, OPT_LAST };
+	enum { OPT_SKIP = 0x2000, OPT_ROUNDS, OPT_LAST, OPT_MASS };
 	static const struct option longopts[] = {
 		LAB_COMMON_LONGOPTS,
 		{ "kv", required_argument, NULL, 'k' },
@@ -99,6 +104,7 @@ static int parse_args(int argc, char **argv, KvstatsOptions *o)
 		{ "skip", required_argument, NULL, OPT_SKIP },
 		{ "rounds", required_argument, NULL, OPT_ROUNDS },
 		{ "last", required_argument, NULL, OPT_LAST },
+		{ "mass", no_argument, NULL, OPT_MASS },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -127,6 +133,9 @@ static int parse_args(int argc, char **argv, KvstatsOptions *o)
 		case OPT_LAST:
 			if ((o->last = lab_parse_long("--last", optarg, 1, 1L << 40)) < 0)
 				return -1;
+			break;
+		case OPT_MASS:
+			o->mass = true;
 			break;
 		case OPT_ROUNDS:
 			if ((v = lab_parse_long("--rounds", optarg, 1, 2)) < 0)
@@ -259,8 +268,9 @@ static int recon_error(const Capture *c, const KvCache *kv, const KvType *t, int
 	return 0;
 }
 
-/* share (n_layers,): ||mu||^2 / mean ||k||^2 of each layer's keys, as in the header. */
-static void key_mean_share(const Capture *c, int n_layers, int n_kv_heads, int d, double *share)
+/* share (n_layers,): ||mu||^2 / mean ||x||^2 of each layer's keys (x = c->k) or values, as in the header. */
+static void mean_share(const Capture *c, const float *rows, int n_layers, int n_kv_heads, int d,
+		       double *share)
 {
 	for (int l = 0; l < n_layers; l++) {
 		share[l] = 0;
@@ -271,7 +281,7 @@ static void key_mean_share(const Capture *c, int n_layers, int n_kv_heads, int d
 			for (int i = 0; i < d; i++) {
 				double sum = 0;
 				for (int64_t t = 1; t < c->T; t++) {
-					double x = c->k[((size_t)l * c->T + t) * c->kvdim + (size_t)h * d + i];
+					double x = rows[((size_t)l * c->T + t) * c->kvdim + (size_t)h * d + i];
 					sum += x;
 					energy += x * x;
 				}
@@ -281,6 +291,52 @@ static void key_mean_share(const Capture *c, int n_layers, int n_kv_heads, int d
 			share[l] += energy > 0 ? mu2 / (energy / (double)(c->T - 1)) / n_kv_heads : 0;
 		}
 	}
+}
+
+/*
+ * Per layer, the mean over (token from..T-1, query head) of the f32
+ * softmax weight on block 0 (b0) and on the query's own block (own): how
+ * much of attention a format that keeps those rows exact would read exact.
+ */
+static int attn_mass(const Capture *c, const ModelConfig *cfg, int64_t from, double *b0,
+		     double *own)
+{
+	const int d = cfg->head_dim, G = cfg->n_heads / cfg->n_kv_heads;
+	const float scale = 1.0f / sqrtf((float)d);
+	_cleanup_(freep) float *s = malloc((size_t)c->T * sizeof(float));
+	if (!s)
+		return -1;
+	for (int l = 0; l < cfg->n_layers; l++) {
+		double sum0 = 0, sumown = 0;
+		int64_t n = 0;
+		for (int64_t t = from; t < c->T; t++)
+			for (int hq = 0; hq < cfg->n_heads; hq++) {
+				const float *q = c->q + ((size_t)l * c->T + t) * c->qdim + (size_t)hq * d;
+				const float *k = c->k + (size_t)l * c->T * c->kvdim + (size_t)(hq / G) * d;
+				float m = -INFINITY;
+				for (int64_t p = 0; p <= t; p++) {
+					float dot = 0;
+					for (int i = 0; i < d; i++)
+						dot += q[i] * k[(size_t)p * c->kvdim + i];
+					s[p] = dot * scale;
+					m = fmaxf(m, s[p]);
+				}
+				double z = 0, z0 = 0, zo = 0;
+				int64_t ob = t / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
+				for (int64_t p = 0; p <= t; p++) {
+					double e = exp((double)(s[p] - m));
+					z += e;
+					z0 += p < KV_BLOCK_TOKENS ? e : 0;
+					zo += p >= ob ? e : 0;
+				}
+				sum0 += z0 / z;
+				sumown += zo / z;
+				n++;
+			}
+		b0[l] = n ? sum0 / (double)n : 0;
+		own[l] = n ? sumown / (double)n : 0;
+	}
+	return 0;
 }
 
 typedef struct LayerStats {
@@ -454,24 +510,46 @@ int cmd_kvstats(int argc, char **argv)
 
 	{
 		_cleanup_(freep) double *share = calloc((size_t)cfg->n_layers, sizeof(double));
-		if (!share)
+		_cleanup_(freep) double *vshare = calloc((size_t)cfg->n_layers, sizeof(double));
+		if (!share || !vshare)
 			goto oom;
-		key_mean_share(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, share);
-		double mean = 0;
-		for (int l = 0; l < cfg->n_layers; l++)
+		mean_share(&c, c.k, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, share);
+		mean_share(&c, c.v, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, vshare);
+		double mean = 0, vmean = 0;
+		for (int l = 0; l < cfg->n_layers; l++) {
 			mean += share[l] / cfg->n_layers;
+			vmean += vshare[l] / cfg->n_layers;
+		}
 		if (o.common.json) {
 			printf("{\"ctx\":%lld,\"key_mean_share\":{\"mean\":%.4f,\"layers\":[", (long long)c.T,
 			       mean);
 			for (int l = 0; l < cfg->n_layers; l++)
 				printf("%s%.4f", l ? "," : "", share[l]);
+			printf("]},\"value_mean_share\":{\"mean\":%.4f,\"layers\":[", vmean);
+			for (int l = 0; l < cfg->n_layers; l++)
+				printf("%s%.4f", l ? "," : "", vshare[l]);
 			printf("]},\"types\":[");
 		} else {
 			printf("keys' energy in their mean (what +c removes), per layer, mean %.2f:\n", mean);
 			for (int l = 0; l < cfg->n_layers; l++)
 				printf("%s%.2f", l % 15 ? " " : l ? "\n  " : "  ", share[l]);
+			printf("\nvalues' energy in their mean, per layer, mean %.2f:\n", vmean);
+			for (int l = 0; l < cfg->n_layers; l++)
+				printf("%s%.2f", l % 15 ? " " : l ? "\n  " : "  ", vshare[l]);
 			printf("\n");
 		}
+	}
+	if (o.mass && !o.common.json) {
+		int64_t from = o.last > 0 && o.last < c.T ? c.T - o.last : 0;
+		_cleanup_(freep) double *b0 = calloc((size_t)cfg->n_layers, sizeof(double));
+		_cleanup_(freep) double *own = calloc((size_t)cfg->n_layers, sizeof(double));
+		if (!b0 || !own || attn_mass(&c, cfg, from, b0, own) < 0)
+			goto oom;
+		printf("f32 attention weight on block 0 / on the own block, per layer:\n");
+		for (int l = 0; l < cfg->n_layers; l++)
+			printf("%s%.2f/%.2f", l % 10 ? " " : l ? "\n  " : "  ", b0[l], own[l]);
+		printf("\n");
+		fflush(stdout);
 	}
 	for (int i = 0; i < o.n_specs; i++) {
 		double bits = 0;
