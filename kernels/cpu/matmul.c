@@ -90,8 +90,11 @@ static bool simd_usable(void)
 static void simd_kernels_get(uint32_t t, MatmulKernels *k)
 {
 #if defined(CPU_KERNELS_X86)
+	const CpuFeatures *f = cpu_features();
 	k->dot = vec_dot_avx2_get(t);
-	k->multi = vec_dot_avx2_multi_get(t);
+	k->multi = f->avx512 && f->avx512vnni ? vec_dot_avx512vnni_multi_get(t) : NULL;
+	if (!k->multi)
+		k->multi = vec_dot_avx2_multi_get(t);
 #elif defined(CPU_KERNELS_NEON)
 	k->dot = vec_dot_neon_get(t, cpu_features()->dotprod);
 #else
@@ -220,7 +223,7 @@ static void matmul_rows(const MatmulCtx *c, const MatmulPart *p, int64_t r0, int
 			for (int64_t r = t0; r < t1; r++) {
 				if (p->k.multi) {
 					p->k.multi(n, y + r, (size_t)rows, weight_row(w, r), a, c->act_stride,
-						   c->af + (size_t)tok * c->af_stride, c->af_stride, ny);
+						   c->af ? c->af + (size_t)tok * c->af_stride : NULL, c->af_stride, ny);
 					continue;
 				}
 				for (int j = 0; j < ny; j++)
@@ -307,7 +310,8 @@ int matmul_group(ThreadPool *tp, const MatmulWeight *const *ws, float *const *ys
 			return -EINVAL;
 		p->w = ws[i];
 		p->y = ys[i];
-		any_multi |= p->k.multi != NULL;
+		/* Q8_K rows carry float scales: no af for their multi kernels */
+		any_multi |= p->k.multi != NULL && p->k.act_type != WTYPE_Q8_K;
 	}
 	c.act_type = c.parts[0].k.act_type;
 	c.simd = c.parts[0].k.simd;

@@ -45,6 +45,9 @@ VecDotFn vec_dot_ref_get(uint32_t t);
  * f16c); NULL where t has none. */
 VecDotFn vec_dot_avx2_get(uint32_t t);
 VecDotMultiFn vec_dot_avx2_multi_get(uint32_t t);
+/* AVX-512 VNNI multi kernels (vec_dot_avx512.c: Q6_K; they ignore af):
+ * call only when cpu_features() has avx512 and avx512vnni; NULL if none. */
+VecDotMultiFn vec_dot_avx512vnni_multi_get(uint32_t t);
 /*
  * The NEON kernel for t (aarch64 builds, vec_dot_neon.c), with the
  * dot-product extension's SDOT where dotprod (call with dotprod true only

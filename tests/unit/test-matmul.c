@@ -339,7 +339,8 @@ static void multi_check(uint32_t t, VecDotMultiFn multi, int64_t n, uint64_t *rn
 
 	for (int j = 0; j < VEC_DOT_MAX_NY; j++) {
 		quant_act_row((uint32_t)at, x + j * n, act + j * ab, n, false);
-		quant_act_scales((uint32_t)at, act + j * ab, af + j * af_stride, n);
+		if (at != WTYPE_Q8_K) /* Q8_K multi kernels read the rows' own float scales */
+			quant_act_scales((uint32_t)at, act + j * ab, af + j * af_stride, n);
 	}
 	for (int ny = 1; ny <= VEC_DOT_MAX_NY; ny++) {
 		float s[2 * VEC_DOT_MAX_NY];
@@ -376,6 +377,30 @@ START_TEST(test_vec_dot_multi)
 		multi_check(t, multi, 512, &rng);
 		multi_check(t, multi, 544, &rng);
 		multi_check(t, multi, 32, &rng);
+	}
+}
+END_TEST
+
+/* The AVX-512 VNNI multi kernels (Q6_K) against the reference, as above;
+ * matmul() runs them in test_matmul where the CPU has them. */
+START_TEST(test_vec_dot_multi_avx512)
+{
+	uint64_t rng = test_seed() ^ 0x2700u;
+	const CpuFeatures *f = cpu_features();
+	VecDotMultiFn multi = NULL;
+#if defined(CPU_KERNELS_X86)
+	if (simd_available() && f->avx512 && f->avx512vnni)
+		multi = vec_dot_avx512vnni_multi_get(WTYPE_Q6_K);
+#endif
+	(void)f;
+	if (!multi) {
+		fprintf(stderr, "Q6_K avx512vnni multi: not checked\n");
+		return;
+	}
+	for (int rep = 0; rep < 10; rep++) {
+		multi_check(WTYPE_Q6_K, multi, 256, &rng);
+		multi_check(WTYPE_Q6_K, multi, 512, &rng);
+		multi_check(WTYPE_Q6_K, multi, 2304, &rng);
 	}
 }
 END_TEST
@@ -927,6 +952,7 @@ int main(void)
 	tcase_add_test(tq, test_no_dotprod_env);
 	tcase_add_loop_test(tv, test_vec_dot, 0, N_TYPES);
 	tcase_add_loop_test(tv, test_vec_dot_multi, 0, N_TYPES);
+	tcase_add_test(tv, test_vec_dot_multi_avx512);
 	tcase_add_test(tv, test_vec_f32);
 	tcase_set_timeout(tm, 120);
 	tcase_add_loop_test(tm, test_matmul_threads, 0, N_TYPES);
