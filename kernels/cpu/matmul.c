@@ -42,6 +42,7 @@ typedef struct MatmulKernels {
 	bool simd;
 	VecDotFn dot;
 	VecDotMultiFn multi; /* NULL: loop over dot */
+	bool multi_batch_only; /* decode (one token) through dot: the AVX-512 Q6_K multi */
 	RepackTileFn tile;   /* layout X4: the only kernel (dot and multi NULL) */
 	RepackTileFn tile8;  /* layout X4, two groups per call where there is one */
 } MatmulKernels;
@@ -92,7 +93,10 @@ static void simd_kernels_get(uint32_t t, MatmulKernels *k)
 #if defined(CPU_KERNELS_X86)
 	const CpuFeatures *f = cpu_features();
 	k->dot = vec_dot_avx2_get(t);
+	/* the AVX-512 multi kernels pay their per-block setup back over
+	 * several tokens only: one token (decode) stays on the AVX2 dot */
 	k->multi = f->avx512 && f->avx512vnni ? vec_dot_avx512vnni_multi_get(t) : NULL;
+	k->multi_batch_only = k->multi != NULL;
 	if (!k->multi)
 		k->multi = vec_dot_avx2_multi_get(t);
 #elif defined(CPU_KERNELS_NEON)
@@ -205,7 +209,7 @@ static void matmul_rows(const MatmulCtx *c, const MatmulPart *p, int64_t r0, int
 	}
 
 	if (c->n_tok == 1) {
-		if (p->k.multi)
+		if (p->k.multi && !p->k.multi_batch_only)
 			for (int64_t r = r0; r < r1; r++)
 				p->k.multi(n, &p->y[r], 1, weight_row(w, r), act, c->act_stride, c->af, 0, 1);
 		else
