@@ -2,7 +2,10 @@
  * fmt_pk.c: pair-coded keys, the `pk<B>` key format (kvformat.h): each
  * block of 32 keys past block 0 coded by kvpk.h with a scale and a bit
  * width per RoPE pair, spent where the queries' energy is. Always
- * centered (kvcenter.h: block 0 as binary16, later keys stored minus mu).
+ * centered: block 0 kept as binary16 (kvcenter.h), the keys of block b
+ * stored minus c_b, the mean of the keys before RoPE (taken over block 0)
+ * turned to block b (kvropemean.h; without a known RoPE, c_b is block 0's
+ * mean mu for every b).
  *
  * == What a side keeps ==
  *
@@ -25,9 +28,11 @@
  *     that block's rows before pos0 back into the stage as the codes read
  *     (coded again once the block is whole).
  *
- * == Session record (tag "PKY2"), for a file of n_kv tokens ==
+ * == Session record (tag "PKY3"), for a file of n_kv tokens ==
  *
- * ("PKY1", of session files before version 6, held f32 keys and energies.)
+ * ("PKY1", of session files before version 6, held f32 keys and energies;
+ * "PKY2" is this record with the blocks coded minus mu at every block:
+ * its files are recomputed, SESSION_E_KV_TYPE.)
  *
  *   size         field
  *   2 d m        kvcenter.h's record: the keys of positions 0 .. m - 1,
@@ -41,7 +46,8 @@
  *                to n_kv - 1 (r = n_kv - from rows, none below 33 tokens:
  *                the last coded block and the partial one), binary16
  *   all finite, the energies not negative. w is rebuilt on load (the sum
- *   observe() takes, or ones), mu from block 0 (kvcenter.h). In the LAYER
+ *   observe() takes, or ones), mu and the centers c_b from block 0 and the
+ *   model's RoPE (kvcenter.h, kvropemean.h). In the LAYER
  *   sections block 0's key region and a partial block's take no bytes
  *   (their keys are here; the region is zeros), and blocks 1 .. n_kv / 32
  *   - 1 must pass kvpk_block_coded().
@@ -56,6 +62,7 @@
 #include "engine/codec/kvpk.h"
 #include "engine/kv/kvcenter.h"
 #include "engine/kv/kvformat.h"
+#include "engine/kv/kvropemean.h"
 #include "kernels/cpu/kv_attn.h"
 
 #define BT KV_BLOCK_TOKENS
@@ -66,6 +73,7 @@ static_assert(BT == 32, "block 0 is positions 0..31");
 
 typedef struct PkSide {
 	KvCenter center;
+	KvRopeMean rmean;             /* the blocks' centers c_b */
 	KvPk pk;
 	KvAttnPkScoresFn scores;      /* chosen at run time (kv_attn.h) */
 	int group;                    /* query heads per kv-head */
@@ -146,6 +154,7 @@ static void pk_free(void *st)
 	if (!s)
 		return;
 	kvcenter_fini(&s->center);
+	kvropemean_fini(&s->rmean);
 	free(s->qe);
 	free(s->w);
 	free(s->stage);
@@ -163,6 +172,13 @@ static int pk_init(const KvSideSetup *setup, void **ret_state, Error *err)
 	s->qe = calloc_array((size_t)BT * t->dim / 2, sizeof(float));
 	s->w = calloc_array((size_t)t->dim / 2, sizeof(float));
 	int r = kvcenter_init(&s->center, t->dim);
+	if (!r)
+		r = kvropemean_init(&s->rmean, t->dim, setup->rope);
+	if (r == -EINVAL) {
+		pk_free(s);
+		return error_set(err, KVFORMAT_E_UNSUPPORTED, "layer %d: RoPE over more channels than a head",
+				 setup->layer);
+	}
 	if (r || !s->qe || !s->w) {
 		pk_free(s);
 		return error_set(err, -ENOMEM, "out of memory");
@@ -180,7 +196,8 @@ static size_t pk_state_bytes(const void *st)
 {
 	const PkSide *s = st;
 	size_t d = (size_t)dim_of(s);
-	return sizeof(*s) + kvcenter_bytes(&s->center) + (BT + 1) * d / 2 * sizeof(float) +
+	return sizeof(*s) + kvcenter_bytes(&s->center) + kvropemean_bytes(&s->rmean) +
+	       (BT + 1) * d / 2 * sizeof(float) +
 	       (size_t)s->stage_cap * d * sizeof(float);
 }
 
@@ -204,12 +221,14 @@ static int stage_reserve(PkSide *s, int64_t rows)
 	return 0;
 }
 
-/* Row t of coded block b as attention reads it, plus mu: the key back. */
+/* Row t of coded block b as attention reads it, plus c_b: the key back. */
 static void coded_row(const PkSide *s, const KvSideRows *rows, int64_t b, int t, float *y)
 {
+	float c[KVPK_MAX_DIM];
 	kvpk_decode_row(&s->pk, kv_side_region(rows, b), t, y);
+	kvropemean_center(&s->rmean, b, c);
 	for (int i = 0; i < dim_of(s); i++)
-		y[i] += s->center.mu[i];
+		y[i] += c[i];
 }
 
 /* w from the energies of positions 1..31. */
@@ -329,15 +348,19 @@ static int pk_append(void *st, const KvSideRows *rows, int64_t pos0, int64_t n, 
 	PkSide *s = st;
 	int r;
 	stage_trim(s);
-	if ((r = kvcenter_keep(&s->center, pos0, n, x, stride)) ||
-	    (r = stage_put(s, rows, pos0, n, x, stride)))
+	if ((r = kvcenter_keep(&s->center, pos0, n, x, stride)))
+		return r;
+	if (pos0 < BT && pos0 + n >= BT) /* mu was chosen (again): so are the centers */
+		kvropemean_choose(&s->rmean, &s->center);
+	if ((r = stage_put(s, rows, pos0, n, x, stride)))
 		return r;
 	if (pos0 < BT && pos0 + n >= BT && !s->w_observed)
 		equal_weights(s); /* position 31's key came without its query */
 	s->w_observed = false;
 	for (int64_t b = s->pk_blocks; (b + 1) * BT <= pos0 + n; b++) {
-		kvpk_encode_block(&s->pk, stage_row(s, b * BT), BT, s->center.mu, s->w,
-				  kv_side_region(rows, b));
+		float c[KVPK_MAX_DIM];
+		kvropemean_center(&s->rmean, b, c);
+		kvpk_encode_block(&s->pk, stage_row(s, b * BT), BT, c, s->w, kv_side_region(rows, b));
 		s->pk_blocks = b + 1;
 	}
 	return 0;
@@ -345,21 +368,22 @@ static int pk_append(void *st, const KvSideRows *rows, int64_t pos0, int64_t n, 
 
 /* ---- attention ---- */
 
-/* prep: qmu (G floats); the kernels read the queries as given. */
+/* prep: kvropemean_query()'s (G, 2 n_pairs + 1) floats; the kernels read the queries as given. */
 static size_t pk_query_bytes(const void *st, int G)
 {
-	return (size_t)G * sizeof(float);
+	const PkSide *s = st;
+	return (size_t)G * kvropemean_query_floats(&s->rmean) * sizeof(float);
 }
 
 static void pk_query(const void *st, const float *q, int G, void *prep)
 {
 	const PkSide *s = st;
-	kvcenter_qmu(&s->center, q, G, 1.0f / sqrtf((float)dim_of(s)), prep);
+	kvropemean_query(&s->rmean, q, G, 1.0f / sqrtf((float)dim_of(s)), prep);
 }
 
 /*
  * Block 0 and the query's own block from the kept (binary16) keys, blocks between from
- * the codes of k - mu plus <q, mu> (kvcenter_scores()).
+ * the codes of k - c_b plus <q, c_b> (kvropemean_add()).
  */
 static void pk_scores(const void *st, const KvSideRows *rows, const float *q, const void *prep,
 		      int G, int64_t b, int64_t own, int n, float scale, float *scores, int ld)
@@ -369,9 +393,12 @@ static void pk_scores(const void *st, const KvSideRows *rows, const float *q, co
 		kvformat_exact_scores(stage_row(s, b * BT), dim_of(s), q, G, n, scale, scores, ld);
 		return;
 	}
-	if (b > 0)
-		s->scores(&s->pk.rows, kv_side_region(rows, b), q, G, n, scale, scores, ld);
-	kvcenter_scores(&s->center, q, G, b, n, scale, prep, scores, ld);
+	if (b == 0) {
+		kvcenter_scores(&s->center, q, G, b, n, scale, NULL, scores, ld);
+		return;
+	}
+	s->scores(&s->pk.rows, kv_side_region(rows, b), q, G, n, scale, scores, ld);
+	kvropemean_add(&s->rmean, prep, G, b, n, scores, ld);
 }
 
 /* The key of pos as a query of a later block reads it: as kept in block 0, else from its codes. */
@@ -454,6 +481,7 @@ static int pk_record_load(void *st, const KvSideRows *rows, int64_t n_kv, const 
 	int r = kvcenter_record_load(&s->center, n_kv, &in, err);
 	if (r)
 		return r;
+	kvropemean_choose(&s->rmean, &s->center);
 	uint32_t source = kvrec_get_u32(&in);
 	if (source > 2 || (source == 0) != (n_kv < BT))
 		return error_set(err, KVFORMAT_E_CORRUPT, "pk weights chosen by %u with %lld tokens",
@@ -493,7 +521,7 @@ static size_t pk_region_file_bytes(const void *st, int64_t b, int n)
 
 const KvFormatOps kvfmt_pk = {
 	.name = "pk",
-	.tag = KVREC_TAG('P', 'K', 'Y', '2'),
+	.tag = KVREC_TAG('P', 'K', 'Y', '3'),
 	.centers = true,
 	.parse = pk_parse,
 	.type_name = pk_type_name,

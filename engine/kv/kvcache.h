@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "base/util.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/kv_format.h"
 
@@ -55,6 +56,13 @@ typedef struct KvCacheShape {
 	 */
 	int window;
 	int window_period;
+	/*
+	 * The RoPE that turned the keys of the global layers (rope) and of
+	 * the windowed ones (rope_local), as the model applied it; n_rot 0:
+	 * not known (a format that follows it, pk's centering, then takes
+	 * the keys as unturned).
+	 */
+	Rope rope, rope_local;
 } KvCacheShape;
 
 /* W of layer l of shape s, or 0 for a layer that sees every position. */
@@ -63,6 +71,13 @@ static inline int64_t kvcache_layer_window(const KvCacheShape *s, int l)
 	if (s->window <= 0 || (s->window_period > 0 && l % s->window_period == s->window_period - 1))
 		return 0;
 	return s->window;
+}
+
+/* The RoPE of layer l's keys, NULL where none is known. */
+static inline const Rope *kvcache_layer_rope(const KvCacheShape *s, int l)
+{
+	const Rope *r = kvcache_layer_window(s, l) > 0 ? &s->rope_local : &s->rope;
+	return r->n_rot > 0 ? r : NULL;
 }
 
 /* The first position the query at q sees in layer l: q - W + 1 (at least 0), 0 for a global layer. */

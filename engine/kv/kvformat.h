@@ -93,6 +93,7 @@ typedef struct KvSideSetup {
 	int layer, head;
 	uint64_t seed;     /* the cache's: formats with random codecs derive theirs from it */
 	int group;         /* query heads per kv-head */
+	const Rope *rope;  /* the keys' RoPE (kvcache_layer_rope()), NULL: unknown; read during init only */
 } KvSideSetup;
 
 typedef struct KvFormatOps KvFormatOps;

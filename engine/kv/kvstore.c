@@ -147,7 +147,8 @@ static int side_init(KvSide *side, const KvType *t, const KvStore *s, int layer,
 {
 	const KvCacheShape *sh = &s->base.shape;
 	KvSideSetup setup = { .type = *t, .role = role, .layer = layer, .head = head, .seed = s->seed,
-			      .group = sh->n_heads / sh->n_kv_heads };
+			      .group = sh->n_heads / sh->n_kv_heads,
+			      .rope = kvcache_layer_rope(sh, layer) };
 	side->ops = kvformat_of(t);
 	return side->ops->init(&setup, &side->st, err);
 }

@@ -515,6 +515,9 @@ KvCacheShape model_kv_shape(const Model *m, int64_t n_ctx)
 		/* the local layers' window, masked (and their blocks dropped) by the cache */
 		.window = m->cfg.sliding_window,
 		.window_period = m->cfg.swa_period,
+		/* the keys' RoPE, for the formats that center on the mean before it (kvropemean.h) */
+		.rope = m->rope,
+		.rope_local = m->rope_local,
 	};
 }
 

@@ -61,7 +61,7 @@
  *          8    block bytes of the layer (those of its LAYER section)
  *          then per kv-head, K then V, one record:
  *          4    tag: four ASCII bytes naming who wrote it ("PLN1" plain,
- *               "TQD2" TurboQuant, "CTR2" centered, "PKY2" pair-coded
+ *               "TQD2" TurboQuant, "CTR2" centered, "PKY3" pair-coded
  *               keys, "F32 " the f32 cache)
  *          4    length L of the record for n_kv tokens
  *          L    the record, as its format documents it

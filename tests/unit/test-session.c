@@ -43,10 +43,14 @@
 
 static int window; /* test_windowed_round_trip: layers 0 and 1 see a window of this many positions */
 
+/* With a RoPE on the keys (NEOX on the global layers, NORM on the windowed ones): pk centers follow it. */
 static KvCacheShape shape(void)
 {
-	return (KvCacheShape){ .n_layers = NL, .n_heads = NH, .n_kv_heads = KVH, .head_dim = D, .capacity = CAP,
-			       .window = window, .window_period = 3 };
+	KvCacheShape s = { .n_layers = NL, .n_heads = NH, .n_kv_heads = KVH, .head_dim = D, .capacity = CAP,
+			   .window = window, .window_period = 3 };
+	rope_init(&s.rope, ROPE_STYLE_NEOX, D, 1e6f, 1.0f, NULL);
+	rope_init(&s.rope_local, ROPE_STYLE_NORM, D, 1e4f, 1.0f, NULL);
+	return s;
 }
 
 static char tmpdir[64];
@@ -841,7 +845,7 @@ START_TEST(test_pk_records)
 	uint8_t *buf = malloc(sm.len);
 
 	/* layer 0 head 0's pk record: kvcenter.h's record, then fmt_pk.c's fields */
-	size_t rec = first_record(&sm, 0x32594b50u) + 2 * 32 * D; /* "PKY2" */
+	size_t rec = first_record(&sm, 0x33594b50u) + 2 * 32 * D; /* "PKY3" */
 	uint32_t state;
 	memcpy(&state, sm.data + rec, 4);
 	ck_assert_uint_eq(state, 1); /* w from the energies */
