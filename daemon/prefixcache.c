@@ -167,11 +167,14 @@ static size_t entry_common(const Entry *e, const int32_t *tokens, size_t n)
  */
 static size_t entry_key_match(const Entry *e, const int32_t *tokens, size_t n)
 {
+	size_t len = 0;
 	if (e->n_a <= n && prefixcache_hash(tokens, e->n_a) == e->h_a)
-		return MIN((size_t)e->n_a, n - 1);
-	if (e->n_b > 0 && e->n_b <= n && prefixcache_hash(tokens, e->n_b) == e->h_b)
-		return MIN((size_t)e->n_b, n - 1);
-	return 0;
+		len = MIN((size_t)e->n_a, n - 1);
+	else if (e->n_b > 0 && e->n_b <= n && prefixcache_hash(tokens, e->n_b) == e->h_b)
+		len = MIN((size_t)e->n_b, n - 1);
+	/* entry_common()'s rule, so that a file is loaded only when take() would
+	 * reuse it: loading one it then refuses would load it again and again */
+	return len < (size_t)e->n_a / 2 ? 0 : len;
 }
 
 KvCache *prefixcache_take(PrefixCache *pc, uid_t uid, const int32_t *tokens, size_t n, int64_t capacity,

@@ -213,6 +213,18 @@ START_TEST(test_spill_and_reload)
 	ck_assert_ptr_nonnull(kv);
 	ck_assert_uint_eq(keep, 4);
 	kvcache_free(kv);
+	/* the same short question again after a long answer: its prompt key matches, but take() would
+	 * refuse a cache it shares under half of; prepare must not load it (two such files, one memory
+	 * slot: loading each spilled the other, again and again, and the request waited forever) */
+	int32_t longer[12] = { 1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 18 }, again[] = { 1, 2, 3, 99 };
+	ck_assert_int_eq(prefixcache_put(pc, 7, cache_of(11), longer, 12, 3, 1 << 30), 0);
+	longer[5] = 77; /* a second answer to it */
+	ck_assert_int_eq(prefixcache_put(pc, 7, cache_of(11), longer, 12, 3, 1 << 30), 0);
+	loads = d.loads;
+	for (int i = 0; i < 4; i++)
+		ck_assert(!prefixcache_prepare(pc, 7, again, 4));
+	ck_assert_uint_eq(d.loads, loads);
+	ck_assert_ptr_null(prefixcache_take(pc, 7, again, 4, 1, &keep));
 	fake_done(&d);
 }
 END_TEST
