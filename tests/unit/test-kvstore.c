@@ -548,6 +548,45 @@ START_TEST(rejected_plans)
 END_TEST
 
 /*
+ * spec's cache of in's first 40 positions (layer 0) appended whole, or in
+ * pieces of 5, 15, 20 attended as they come: bit-identical outputs, and
+ * the same bytes in kv-head 1's first two blocks.
+ */
+static void check_pieces_equal_whole(const Inputs *in, const char *spec)
+{
+	const KvCacheShape *sh = &in->shape;
+	size_t row = (size_t)sh->n_kv_heads * sh->head_dim, qrow = (size_t)sh->n_heads * sh->head_dim;
+	enum { N = 40 };
+	static const int64_t pieces[] = { 5, 15, 20 }; /* +c chooses mu in the third */
+	float *whole = malloc(sizeof(float) * N * qrow), *split = malloc(sizeof(float) * N * qrow);
+	ck_assert(whole && split);
+	KvPlan *plan = NULL;
+	ck_assert_int_eq(kvplan_from_text(spec, sh->n_layers, sh->n_kv_heads, sh->head_dim, &plan, NULL), 0);
+	KvCache *a = NULL, *b = NULL;
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
+	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &b, NULL), 0);
+	ck_assert_int_eq(observe_append(a, 0, 0, N, in->k, in->v, in->q), 0);
+	kvcache_attend(a, NULL, 0, 0, N, in->q, whole);
+	int64_t pos = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(pieces); i++) {
+		ck_assert_int_eq(observe_append(b, 0, pos, pieces[i], in->k + pos * row, in->v + pos * row,
+						 in->q + pos * qrow), 0);
+		kvcache_attend(b, NULL, 0, pos, pieces[i], in->q + pos * qrow, split + pos * qrow);
+		pos += pieces[i];
+		kvcache_set_n_tokens(b, pos);
+	}
+	ck_assert_msg(memcmp(whole, split, sizeof(float) * N * qrow) == 0, "%s: pieces differ from whole", spec);
+	for (int64_t blk = 0; blk < 2; blk++)
+		ck_assert(memcmp(kvstore_block(a, 0, 1, blk), kvstore_block(b, 0, 1, blk),
+				 kvstore_block_bytes(a, 0)) == 0);
+	kvcache_free(a);
+	kvcache_free(b);
+	kvplan_free(plan);
+	free(whole);
+	free(split);
+}
+
+/*
  * +c: a prompt appended whole, or in pieces attended as they come (the
  * first before mu is chosen), gives bit-identical attention outputs, and
  * the same bytes; and centering pays: with keys that share a large mean,
@@ -559,32 +598,9 @@ START_TEST(centered_split_invariant_and_better)
 	const KvCacheShape *sh = &in.shape;
 	int d = sh->head_dim, H = sh->n_heads;
 	size_t row = (size_t)sh->n_kv_heads * d, qrow = (size_t)H * d;
-	enum { N = 40 };
-	static const int64_t pieces[] = { 5, 15, 20 }; /* mu is chosen in the third */
-	float *whole = malloc(sizeof(float) * N * qrow), *split = malloc(sizeof(float) * N * qrow);
-	ck_assert(whole && split);
+	check_pieces_equal_whole(&in, "tq3_nc+c:tq3");
 	KvPlan *plan = NULL;
-	ck_assert_int_eq(kvplan_from_text("tq3_nc+c:tq3", sh->n_layers, sh->n_kv_heads, d, &plan, NULL), 0);
-	KvCache *a = NULL, *b = NULL;
-	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
-	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &b, NULL), 0);
-	ck_assert_int_eq(observe_append(a, 0, 0, N, in.k, in.v, in.q), 0);
-	kvcache_attend(a, NULL, 0, 0, N, in.q, whole);
-	int64_t pos = 0;
-	for (size_t i = 0; i < ARRAY_SIZE(pieces); i++) {
-		ck_assert_int_eq(observe_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row,
-						 in.q + pos * qrow), 0);
-		kvcache_attend(b, NULL, 0, pos, pieces[i], in.q + pos * qrow, split + pos * qrow);
-		pos += pieces[i];
-		kvcache_set_n_tokens(b, pos);
-	}
-	ck_assert(memcmp(whole, split, sizeof(float) * N * qrow) == 0);
-	for (int64_t blk = 0; blk < 2; blk++)
-		ck_assert(memcmp(kvstore_block(a, 0, 1, blk), kvstore_block(b, 0, 1, blk),
-				 kvstore_block_bytes(a, 0)) == 0);
-	kvcache_free(a);
-	kvcache_free(b);
-	kvplan_free(plan);
+	KvCache *a = NULL;
 
 	/* keys with a large common part: the error of tq3 against tq3+c, f32 the truth */
 	for (size_t i = 0; i < (size_t)RN * row; i++)
@@ -608,8 +624,6 @@ START_TEST(centered_split_invariant_and_better)
 	ck_assert_msg(err[1] < 0.5 * err[0], "tq3+c %.3g, tq3 %.3g", err[1], err[0]);
 	for (int sidx = 0; sidx < 3; sidx++)
 		free(out[sidx]);
-	free(whole);
-	free(split);
 	inputs_free(&in);
 }
 END_TEST
@@ -626,33 +640,10 @@ START_TEST(sink_values_split_invariant_and_better)
 	Inputs in = random_inputs(test_seed() + 78);
 	const KvCacheShape *sh = &in.shape;
 	int d = sh->head_dim, H = sh->n_heads, G = H / sh->n_kv_heads;
-	size_t row = (size_t)sh->n_kv_heads * d, qrow = (size_t)H * d;
-	enum { N = 40 };
-	static const int64_t pieces[] = { 5, 15, 20 };
-	float *whole = malloc(sizeof(float) * RN * qrow), *split = malloc(sizeof(float) * RN * qrow);
-	ck_assert(whole && split);
+	size_t qrow = (size_t)H * d;
+	check_pieces_equal_whole(&in, "tq3_nc:tq3_nc+s");
 	KvPlan *plan = NULL;
-	ck_assert_int_eq(kvplan_from_text("tq3_nc:tq3_nc+s", sh->n_layers, sh->n_kv_heads, d, &plan, NULL), 0);
-	KvCache *a = NULL, *b = NULL;
-	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &a, NULL), 0);
-	ck_assert_int_eq(kvcache_new_quant(sh, plan, 9, &b, NULL), 0);
-	ck_assert_int_eq(observe_append(a, 0, 0, N, in.k, in.v, in.q), 0);
-	kvcache_attend(a, NULL, 0, 0, N, in.q, whole);
-	int64_t pos = 0;
-	for (size_t i = 0; i < ARRAY_SIZE(pieces); i++) {
-		ck_assert_int_eq(observe_append(b, 0, pos, pieces[i], in.k + pos * row, in.v + pos * row,
-						 in.q + pos * qrow), 0);
-		kvcache_attend(b, NULL, 0, pos, pieces[i], in.q + pos * qrow, split + pos * qrow);
-		pos += pieces[i];
-		kvcache_set_n_tokens(b, pos);
-	}
-	ck_assert(memcmp(whole, split, sizeof(float) * N * qrow) == 0);
-	for (int64_t blk = 0; blk < 2; blk++)
-		ck_assert(memcmp(kvstore_block(a, 0, 1, blk), kvstore_block(b, 0, 1, blk),
-				 kvstore_block_bytes(a, 0)) == 0);
-	kvcache_free(a);
-	kvcache_free(b);
-	kvplan_free(plan);
+	KvCache *a = NULL;
 
 	/* a sink: position 0's key along each kv-head's mean query, so it takes most weight */
 	for (int h = 0; h < sh->n_kv_heads; h++)
@@ -686,8 +677,6 @@ START_TEST(sink_values_split_invariant_and_better)
 	ck_assert_msg(err[2] < 0.5 * err[1], "tq3_nc+s %.3g, tq3_nc %.3g", err[2], err[1]);
 	for (int sidx = 0; sidx < 4; sidx++)
 		free(out[sidx]);
-	free(whole);
-	free(split);
 	inputs_free(&in);
 }
 END_TEST
