@@ -2,7 +2,8 @@
 # Set up, then run every test: the release build (unit, golden against
 # llama.cpp's outputs, integration with the real daemon, unit files), then
 # the same suite under AddressSanitizer and UBSan in ./build-asan, then
-# every libFuzzer target for a bounded time (scripts/fuzz.sh, 20 s each).
+# every libFuzzer target for a bounded time (scripts/fuzz.sh, 12 s each: a smoke
+# run that CI can afford; `scripts/fuzz.sh 600` for a real one).
 # Exits non-zero if any test fails.
 #
 #   scripts/test.sh --cross aarch64
@@ -51,7 +52,7 @@ ninja -C build-asan >/dev/null || ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	meson test -C build-asan --print-errorlogs
 
-scripts/fuzz.sh 20
+scripts/fuzz.sh 12
 
 # One closing line for whoever reads the log: every test of both builds.
 summary() {

@@ -224,7 +224,9 @@ START_TEST(gemma_greedy_matches_llamacpp)
 }
 END_TEST
 
-enum { WIN_PROMPT = 900, WIN_STEPS = 24 };
+/* 152 tokens past the 512-token window: local layers drop 4 blocks (900 did
+ * no better and tripled the sanitizer run's time) */
+enum { WIN_PROMPT = 640, WIN_STEPS = 24 };
 
 /* A q8_0 store for the model (windowed as the model says, or with window 0), keeping all blocks if asked. */
 static KvCache *window_cache(int64_t cap, bool windowed, bool keep_all)
