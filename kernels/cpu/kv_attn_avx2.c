@@ -17,6 +17,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/exp_avx2.h"
 #include "kernels/cpu/kv_attn.h"
 #include "kernels/cpu/kv_attn_x86.h"
 #include "kernels/wtype.h"
@@ -575,29 +576,6 @@ KV_TARGET void kv_attn_exact_scores_avx2(const float *x, int d, const float *q, 
 
 /* ---- softmax ---- */
 
-/*
- * exp(x) for x <= 0: 2^n e^r with n = round(x log2 e), r = x - n ln 2
- * (two-part ln 2), e^r by a degree-6 Taylor/minimax polynomial on
- * |r| <= ln2 / 2; x below -87 gives 0-ish denormal-free 2^-126 scale.
- */
-KV_INLINE __m256 exp_ps(__m256 x)
-{
-	x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-	__m256 p = _mm256_set1_ps(1.0f / 720.0f);
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 KV_TARGET void kv_attn_softmax_avx2(float *s, int ld, int G, int n, float *m, float *l, float *ret_corr)
 {
 	for (int g = 0; g < G; g++) {
@@ -607,7 +585,7 @@ KV_TARGET void kv_attn_softmax_avx2(float *s, int ld, int G, int n, float *m, fl
 		__m256 vm = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
 		int j = 0;
 		for (; j + 8 <= n; j += 8) {
-			__m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sg + j), vm));
+			__m256 e = exp_nonpos_avx2(_mm256_sub_ps(_mm256_loadu_ps(sg + j), vm));
 			_mm256_storeu_ps(sg + j, e);
 			sum = _mm256_add_ps(sum, e);
 		}
@@ -617,7 +595,7 @@ KV_TARGET void kv_attn_softmax_avx2(float *s, int ld, int G, int n, float *m, fl
 		if (j < n) {
 			float in[8] = { 0 };
 			memcpy(in, sg + j, (size_t)(n - j) * sizeof(float));
-			_mm256_storeu_ps(t, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(in), vm)));
+			_mm256_storeu_ps(t, exp_nonpos_avx2(_mm256_sub_ps(_mm256_loadu_ps(in), vm)));
 			for (int i = 0; i < n - j; i++) {
 				sg[j + i] = t[i];
 				total += t[i];

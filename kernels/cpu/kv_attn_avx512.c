@@ -404,7 +404,7 @@ K5_TARGET void kv_attn_values_avx512(const KvAttnRows *vals, const float *p, int
 
 /* ---- softmax ---- */
 
-/* exp(x) as kv_attn_avx2.c's exp_ps, 16 lanes: the same operations, so the same values. */
+/* exp(x) as exp_avx2.h's exp_nonpos_avx2, 16 lanes: the same operations, so the same values. */
 K5_INLINE __m512 exp_ps16(__m512 x)
 {
 	x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));

@@ -584,6 +584,79 @@ void vec_dot_q6_K_avx2(int64_t n, float *s, const void *vw, const void *va)
 	*s = hsum_ps(acc) - summ;
 }
 
+/*
+ * Q6_K against up to VEC_DOT_MAX_NY Q8_K rows (prefill of the Q4_K_M
+ * mix's output head, attn_v and ffn_down): each 32-value chunk of a
+ * super-block is unpacked, and its scale pair built, once for all the
+ * tokens; per token the operations and their order are those of
+ * vec_dot_q6_K_avx2, so every result equals that kernel's bit for bit
+ * (test-matmul), decode included.
+ */
+static inline __attribute__((always_inline)) void q6k_multi_avx2(int64_t n, float *s, size_t s_stride,
+								  const void *vw, const void *va, size_t a_stride,
+								  const int NY)
+{
+	const BlockQ6_K *w = vw;
+	const BlockQ8_K *a[VEC_DOT_MAX_NY];
+	const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+	__m256 acc[VEC_DOT_MAX_NY];
+	float summ[VEC_DOT_MAX_NY];
+
+	for (int t = 0; t < NY; t++) {
+		a[t] = (const BlockQ8_K *)((const char *)va + (size_t)t * a_stride);
+		acc[t] = _mm256_setzero_ps();
+		summ[t] = 0.0f;
+	}
+	for (int64_t b = 0; b < n / QK_K; b++) {
+		prefetch_ahead(&w[b], sizeof(w[b]));
+		__m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
+		float wd = h2f(w[b].d);
+		__m256i sumi[VEC_DOT_MAX_NY];
+		for (int t = 0; t < NY; t++)
+			sumi[t] = _mm256_setzero_si256();
+		for (int nn = 0; nn < 2; nn++) {
+			__m256i qh = load256(w[b].qh + 32 * nn);
+			__m256i ql0 = load256(w[b].ql + 64 * nn);
+			__m256i ql1 = load256(w[b].ql + 64 * nn + 32);
+			__m256i q[4];
+			q[0] = _mm256_and_si256(ql0, m4);
+			q[1] = _mm256_and_si256(ql1, m4);
+			q[2] = _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4);
+			q[3] = _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
+			for (int k = 0; k < 4; k++) {
+				__m256i qk = _mm256_or_si256(q[k], _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+				__m256i pair = scale_pair(sc, 4 * nn + k);
+				for (int t = 0; t < NY; t++) {
+					__m256i p = _mm256_maddubs_epi16(qk, load256(a[t][b].qs + 128 * nn + 32 * k));
+					sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, pair));
+				}
+				qh = _mm256_srli_epi16(qh, 2);
+			}
+		}
+		for (int t = 0; t < NY; t++) {
+			float d = a[t][b].d * wd;
+			summ[t] += d * (float)(32 * scaled_bsums(sc, &a[t][b]));
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+		}
+	}
+	for (int t = 0; t < NY; t++)
+		s[(size_t)t * s_stride] = hsum_ps(acc[t]) - summ[t];
+}
+
+/* af is not used: Q8_K rows carry float scales already. */
+static void vec_dot_q6_K_multi_avx2(int64_t n, float *s, size_t s_stride, const void *vw, const void *va,
+				    size_t a_stride, const float *af, size_t af_stride, int ny)
+{
+	(void)af;
+	(void)af_stride;
+	switch (ny) {
+	case 1: q6k_multi_avx2(n, s, s_stride, vw, va, a_stride, 1); break;
+	case 2: q6k_multi_avx2(n, s, s_stride, vw, va, a_stride, 2); break;
+	case 3: q6k_multi_avx2(n, s, s_stride, vw, va, a_stride, 3); break;
+	default: q6k_multi_avx2(n, s, s_stride, vw, va, a_stride, 4); break;
+	}
+}
+
 VecDotFn vec_dot_avx2_get(uint32_t t)
 {
 	switch (t) {
@@ -612,6 +685,7 @@ VecDotMultiFn vec_dot_avx2_multi_get(uint32_t t)
 	case WTYPE_Q5_0: return vec_dot_q5_0_multi_avx2;
 	case WTYPE_Q5_1: return vec_dot_q5_1_multi_avx2;
 	case WTYPE_Q8_0: return vec_dot_q8_0_multi_avx2;
+	case WTYPE_Q6_K: return vec_dot_q6_K_multi_avx2;
 	default: return NULL;
 	}
 }

@@ -1,5 +1,7 @@
 /* vec_f32.c: scalar references and run-time dispatch of the f32 primitives
  * (AVX2 on x86, NEON on aarch64). */
+#include <math.h>
+
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/vec_f32.h"
 
@@ -15,6 +17,15 @@ void vec_f32_axpy_ref(int64_t n, float alpha, const float *x, float *y)
 {
 	for (int64_t i = 0; i < n; i++)
 		y[i] += alpha * x[i];
+}
+
+void vec_f32_geglu_ref(int64_t n, float *gate, const float *up)
+{
+	const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+	for (int64_t i = 0; i < n; i++) {
+		float g = gate[i];
+		gate[i] = 0.5f * g * (1.0f + tanhf(c * g * (1.0f + 0.044715f * g * g))) * up[i];
+	}
 }
 
 #if defined(CPU_KERNELS_X86)
@@ -49,4 +60,16 @@ void vec_f32_axpy(int64_t n, float alpha, const float *x, float *y)
 		F32_SIMD(axpy)(n, alpha, x, y);
 	else
 		vec_f32_axpy_ref(n, alpha, x, y);
+}
+
+/* The GELU gate has no NEON version yet: aarch64 runs the reference. */
+#if defined(CPU_KERNELS_X86)
+#define GATE_SIMD(name) (use_simd() ? vec_f32_##name##_avx2 : vec_f32_##name##_ref)
+#else
+#define GATE_SIMD(name) vec_f32_##name##_ref
+#endif
+
+void vec_f32_geglu(int64_t n, float *gate, const float *up)
+{
+	GATE_SIMD(geglu)(n, gate, up);
 }

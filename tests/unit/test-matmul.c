@@ -373,11 +373,47 @@ START_TEST(test_vec_dot_multi)
 
 	if (!multi)
 		return;
+	/* one, two and an odd number of blocks (the 32-value kernels take them in pairs) */
+	int64_t be = wtype_info(t)->block_elems;
 	for (int rep = 0; rep < 10; rep++) {
-		multi_check(t, multi, 512, &rng);
-		multi_check(t, multi, 544, &rng);
-		multi_check(t, multi, 32, &rng);
+		multi_check(t, multi, 16 * be, &rng);
+		multi_check(t, multi, 17 * be, &rng);
+		multi_check(t, multi, be, &rng);
 	}
+}
+END_TEST
+
+/* The AVX2 Q6_K multi kernel repeats the AVX2 dot's operations per token:
+ * equal bit for bit, so prefill and decode agree with each other. */
+START_TEST(test_vec_dot_q6k_multi_equals_dot)
+{
+#if defined(CPU_KERNELS_X86)
+	uint64_t rng = test_seed() ^ 0x2600u;
+	const int64_t n = 2304;
+	VecDotMultiFn multi = simd_available() ? vec_dot_avx2_multi_get(WTYPE_Q6_K) : NULL;
+	VecDotFn dot = simd_available() ? vec_dot_avx2_get(WTYPE_Q6_K) : NULL;
+	if (!multi || !dot)
+		return;
+	size_t ab = wtype_row_bytes(WTYPE_Q8_K, (uint64_t)n);
+	uint8_t *w = weights_random(WTYPE_Q6_K, 1, n, wtype_row_bytes(WTYPE_Q6_K, (uint64_t)n), &rng);
+	float *x = acts_random(n * VEC_DOT_MAX_NY, &rng);
+	uint8_t *act = malloc(ab * VEC_DOT_MAX_NY);
+	ck_assert_ptr_nonnull(act);
+	for (int j = 0; j < VEC_DOT_MAX_NY; j++)
+		quant_act_row(WTYPE_Q8_K, x + j * n, act + j * ab, n, false);
+	for (int ny = 1; ny <= VEC_DOT_MAX_NY; ny++) {
+		float s[VEC_DOT_MAX_NY], r;
+		multi(n, s, 1, w, act, ab, NULL, 0, ny);
+		for (int j = 0; j < ny; j++) {
+			dot(n, &r, w, act + j * ab);
+			ck_assert_msg(memcmp(&s[j], &r, sizeof(r)) == 0, "ny=%d row %d: %.9g vs the dot's %.9g", ny, j,
+				      s[j], r);
+		}
+	}
+	free(w);
+	free(x);
+	free(act);
+#endif
 }
 END_TEST
 
@@ -989,6 +1025,7 @@ int main(void)
 	tcase_add_loop_test(tv, test_vec_dot, 0, N_TYPES);
 	tcase_add_loop_test(tv, test_vec_dot_multi, 0, N_TYPES);
 	tcase_add_test(tv, test_vec_dot_multi_avx512);
+	tcase_add_test(tv, test_vec_dot_q6k_multi_equals_dot);
 	tcase_add_test(tv, test_vec_f32);
 	tcase_set_timeout(tm, 120);
 	tcase_add_loop_test(tm, test_matmul_threads, 0, N_TYPES);

@@ -1,7 +1,9 @@
 /* test-ops.c: RMSNorm, SwiGLU, softmax and both RoPE pairings against their definitions. */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_f32.h"
 #include "tests/unit/testutil.h"
 
 START_TEST(rmsnorm_definition)
@@ -28,6 +30,54 @@ START_TEST(swiglu_and_softmax)
 	ck_assert_double_eq_tol(s[0], e / z, 1e-6);
 	ck_assert_double_eq_tol(s[1], 1 / z, 1e-6);
 	ck_assert_double_eq_tol(s[2], exp(-2.0) / z, 1e-6);
+}
+END_TEST
+
+/* gelu in its tanh form, in double: the definition the GELU gate approximates */
+static double gelu_tanh(double g)
+{
+	return 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+}
+
+/*
+ * The GELU gate (dispatched: AVX2 on x86, where e^x is a polynomial) and
+ * its reference against the double definition, over every range that
+ * matters: around 0, the bulk of activations, and far out where the
+ * sigmoid saturates (no NaN, no overflow). n is odd so the scalar tail runs.
+ */
+START_TEST(geglu_matches_definition)
+{
+	enum { N = 1001 };
+	static float g[N], up[N], a[N], r[N];
+	uint64_t st = test_seed();
+	for (int i = 0; i < N; i++) {
+		double x = i < 600 ? (i - 300) / 20.0 : test_rand_normal(&st) * (i < 900 ? 3.0 : 40.0);
+		g[i] = (float)x;
+		up[i] = (float)test_rand_normal(&st);
+	}
+	g[0] = 0.0f, g[1] = -0.0f, g[2] = 1e-30f, g[3] = -1e-30f, g[4] = 200.0f, g[5] = -200.0f;
+	memcpy(a, g, sizeof(a));
+	memcpy(r, g, sizeof(r));
+	vec_f32_geglu(N, a, up);
+	vec_f32_geglu_ref(N, r, up);
+	double worst = 0;
+	for (int i = 0; i < N; i++) {
+		double want = gelu_tanh(g[i]) * up[i];
+		/* a few float roundings of the result, or of g itself where the result is ~0
+		 * (the reference's 1 + tanh(u) cancels for negative g) */
+		double tol = 2e-6 * fabs(want) + 1e-7 * fabs(up[i]) * fmin(fabs(g[i]), 1.0);
+		ck_assert_msg(isfinite(a[i]) && fabs(a[i] - want) <= tol, "gelu(%g) * %g: %.9g, want %.9g", g[i],
+			      up[i], a[i], want);
+		ck_assert_msg(fabs(r[i] - want) <= tol, "gelu_ref(%g) * %g: %.9g, want %.9g", g[i], up[i], r[i], want);
+		if (fabs(want) > 1e-6)
+			worst = fmax(worst, fabs(a[i] - want) / fabs(want));
+	}
+	fprintf(stderr, "geglu: dispatched worst relative error %.2g (results above 1e-6)\n", worst);
+	/* op_geglu is the dispatched gate */
+	float x[2] = { 1.0f, -1.0f }, u[2] = { 1.0f, 2.0f };
+	op_geglu(x, u, 2);
+	ck_assert_double_eq_tol(x[0], 0.8411919906, 1e-6);
+	ck_assert_double_eq_tol(x[1], -0.1588080094 * 2, 1e-6);
 }
 END_TEST
 
@@ -100,6 +150,7 @@ int main(void)
 	TCase *tc = tcase_create("core");
 	tcase_add_test(tc, rmsnorm_definition);
 	tcase_add_test(tc, swiglu_and_softmax);
+	tcase_add_test(tc, geglu_matches_definition);
 	tcase_add_test(tc, rope_norm_pairs);
 	tcase_add_test(tc, rope_neox_halves);
 	tcase_add_test(tc, rope_freq_factors);
