@@ -71,13 +71,20 @@ for name in $MODELS; do
 	rows=()
 	for ((i = 1; i <= ROUNDS; i++)); do
 		load=$(cut -d' ' -f1 /proc/loadavg)
-		read -r opp otg < <(ours "$LAB" "$model")
+		# a run that fails (seen under heavy load) prints 0 and its round is
+		# left out of the medians, instead of ending the script through set -e
+		read -r opp otg <<<"$(ours "$LAB" "$model" || echo "0 0")"
 		bpp=0 btg=0
-		[[ -n $LAB_BEFORE ]] && read -r bpp btg < <(ours "$LAB_BEFORE" "$model")
-		read -r rpp rtg < <("$LLAMA_BENCH" -m "$model" -t "$THREADS" -p "$PP" -n "$TG" -d "$DEPTH" -r "$REPS" -o json 2>/dev/null |
-			python3 -c 'import json,sys; r={("pp" if x["n_prompt"] else "tg"): x["avg_ts"] for x in json.load(sys.stdin)}; print(r.get("pp", 0), r.get("tg", 0))')
+		[[ -n $LAB_BEFORE ]] && read -r bpp btg <<<"$(ours "$LAB_BEFORE" "$model" || echo "0 0")"
+		read -r rpp rtg <<<"$("$LLAMA_BENCH" -m "$model" -t "$THREADS" -p "$PP" -n "$TG" -d "$DEPTH" -r "$REPS" -o json 2>/dev/null |
+			python3 -c 'import json,sys; r={("pp" if x["n_prompt"] else "tg"): x["avg_ts"] for x in json.load(sys.stdin)}; print(r.get("pp", 0), r.get("tg", 0))' ||
+			echo "0 0")"
 		printf 'round %d (load %s): turbokv pp%d %.1f tg%d %.1f | before pp %.1f tg %.1f | llama.cpp pp %.1f tg %.1f\n' \
 			"$i" "$load" "$PP" "$opp" "$TG" "$otg" "$bpp" "$btg" "$rpp" "$rtg"
+		if [[ $opp == 0 || $rpp == 0 || ( -n $LAB_BEFORE && $bpp == 0 ) ]]; then
+			echo "round $i: a run failed, left out" >&2
+			continue
+		fi
 		rows+=("$opp $otg $bpp $btg $rpp $rtg")
 	done
 	summary+=("$(python3 - "$name" "$PP" "$TG" "${rows[@]}" <<'PY'

@@ -789,33 +789,38 @@ START_TEST(test_repack_q4_K)
 			double *abs_sum = abs_sums(t, w, stride, rows, cols, x, n_tok);
 			ck_assert_int_eq(matmul_ref(&mw, x, yr, n_tok), 0);
 
-			/* the tile kernels on the first group, up to 16 tokens */
+			/* the tile kernels on the first group, every token count up to
+			 * min(n_tok, 16): the AVX2 kernel's direct (1..3) and stack-copy
+			 * paths, its passes of 8 and their remainders */
 			size_t as = wtype_row_bytes(WTYPE_Q8_K, (uint64_t)cols);
-			int nt = (int)(n_tok < REPACK_MAX_NT ? n_tok : REPACK_MAX_NT);
-			uint8_t *act = malloc(as * (size_t)nt);
-			for (int j = 0; j < nt; j++)
+			int nt_max = (int)(n_tok < REPACK_MAX_NT ? n_tok : REPACK_MAX_NT);
+			uint8_t *act = malloc(as * (size_t)nt_max);
+			for (int j = 0; j < nt_max; j++)
 				quant_act_row(WTYPE_Q8_K, x + j * cols, act + (size_t)j * as, cols, false);
 			float tr[REPACK_MAX_NT * REPACK_GROUP], tf[REPACK_MAX_NT * REPACK_GROUP];
-			ref(cols, px.data, act, as, nt, tr, REPACK_GROUP);
-			for (int j = 0; j < nt; j++)
-				for (int i = 0; i < REPACK_GROUP; i++)
-					ck_assert_mem_eq(&tr[j * REPACK_GROUP + i], &yr[j * rows + i], sizeof(float));
-			for (int k = 0; k < N_SIMD_SETS; k++) {
-				if (!fast[k])
-					continue;
-				fast[k](cols, px.data, act, as, nt, tf, REPACK_GROUP);
+			for (int nt = 1; nt <= nt_max; nt++) {
+				ref(cols, px.data, act, as, nt, tr, REPACK_GROUP);
 				for (int j = 0; j < nt; j++)
 					for (int i = 0; i < REPACK_GROUP; i++)
-						ck_assert_msg(fabs(tf[j * REPACK_GROUP + i] - tr[j * REPACK_GROUP + i]) <=
-								      1e-5 * abs_sum[j * rows + i] + 1e-30,
-							      "tile cols=%ld nt=%d row %d tok %d: %s %.9g ref %.9g",
-							      (long)cols, nt, i, j, tile_set(k), tf[j * REPACK_GROUP + i],
-							      tr[j * REPACK_GROUP + i]);
-				if (simd_exact(k))
+						ck_assert_mem_eq(&tr[j * REPACK_GROUP + i], &yr[j * rows + i], sizeof(float));
+				for (int k = 0; k < N_SIMD_SETS; k++) {
+					if (!fast[k])
+						continue;
+					fast[k](cols, px.data, act, as, nt, tf, REPACK_GROUP);
 					for (int j = 0; j < nt; j++)
-						ck_assert_mem_eq(&tf[j * REPACK_GROUP], &tr[j * REPACK_GROUP],
-								 REPACK_GROUP * sizeof(float));
+						for (int i = 0; i < REPACK_GROUP; i++)
+							ck_assert_msg(fabs(tf[j * REPACK_GROUP + i] - tr[j * REPACK_GROUP + i]) <=
+									      1e-5 * abs_sum[j * rows + i] + 1e-30,
+								      "tile cols=%ld nt=%d row %d tok %d: %s %.9g ref %.9g",
+								      (long)cols, nt, i, j, tile_set(k), tf[j * REPACK_GROUP + i],
+								      tr[j * REPACK_GROUP + i]);
+					if (simd_exact(k))
+						for (int j = 0; j < nt; j++)
+							ck_assert_mem_eq(&tf[j * REPACK_GROUP], &tr[j * REPACK_GROUP],
+									 REPACK_GROUP * sizeof(float));
+				}
 			}
+			int nt = nt_max;
 			/* the two-group kernel on the first two groups against the reference on each */
 			RepackTileFn fast8 = tile_set(1) ? simd_tile8(t) : NULL;
 			if (fast8 && rows >= 2 * REPACK_GROUP) {
@@ -873,6 +878,37 @@ START_TEST(test_repack_q4_K)
 		}
 		free((void *)px.data);
 		free(w);
+	}
+	/* the int16 bound of the AVX2 kernel's sub-block sums: every nibble 15,
+	 * every scale and min 63, every activation -128, 1..16 tokens */
+	{
+		enum { EX_COLS = 512, EX_NB = EX_COLS / QK_K };
+		static BlockQ4_K wx[REPACK_GROUP * EX_NB];
+		static BlockQ8_K ax[REPACK_MAX_NT * EX_NB];
+		for (size_t i = 0; i < sizeof(wx) / sizeof(wx[0]); i++) {
+			wx[i].d = f32_to_half(1.0f);
+			wx[i].dmin = f32_to_half(0.5f);
+			memset(wx[i].scales, 0xFF, sizeof(wx[i].scales));
+			memset(wx[i].qs, 0xFF, sizeof(wx[i].qs));
+		}
+		for (size_t i = 0; i < sizeof(ax) / sizeof(ax[0]); i++) {
+			ax[i].d = 1.0f;
+			memset(ax[i].qs, 0x80, sizeof(ax[i].qs));
+			for (int j = 0; j < QK_K / 16; j++)
+				ax[i].bsums[j] = -128 * 16;
+		}
+		float er[REPACK_MAX_NT * REPACK_GROUP], ef[REPACK_MAX_NT * REPACK_GROUP];
+		for (int nt = 1; nt <= REPACK_MAX_NT; nt++) {
+			ref(EX_COLS, wx, ax, sizeof(BlockQ8_K) * EX_NB, nt, er, REPACK_GROUP);
+			for (int k = 0; k < N_SIMD_SETS; k++) {
+				if (!fast[k])
+					continue;
+				fast[k](EX_COLS, wx, ax, sizeof(BlockQ8_K) * EX_NB, nt, ef, REPACK_GROUP);
+				for (int i = 0; i < nt * REPACK_GROUP; i++)
+					ck_assert_msg(fabs(ef[i] - er[i]) <= 1e-6 * fabs(er[i]), "extreme nt=%d out %d: %s %.9g ref %.9g",
+						      nt, i, tile_set(k), ef[i], er[i]);
+			}
+		}
 	}
 	/* what is not repacked */
 	uint8_t blk[2 * 144] = { 0 };
