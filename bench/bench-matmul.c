@@ -6,7 +6,9 @@
  * the default model's shapes, (4) a whole decode token's matmuls (30
  * layers of Q4_1 + the 49152 x 576 Q8_0 output head, every layer its own
  * weights so nothing is cache-hot that would not be), and (5) prefill
- * tokens/s over the 30 layers. Not a test: numbers only.
+ * tokens/s over the 30 layers. Weights are repacked where the CPU backend
+ * would repack them (matmul_repack_wanted(); TURBOKV_NO_REPACK=1 keeps
+ * them row-major, for before/after). Not a test: numbers only.
  *
  * Each case reports its best time over repeated runs: on a shared
  * machine the minimum is the stable number.
@@ -22,6 +24,7 @@
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/repack.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/wtype.h"
 
@@ -61,7 +64,14 @@ static MatmulWeight weight_new(uint32_t t, int64_t rows, int64_t cols)
 		if (t == WTYPE_Q4_1)
 			memcpy(w + b * info->block_bytes + 2, &d, 2);
 	}
-	return (MatmulWeight){ .data = w, .type = t, .rows = rows, .cols = cols, .row_stride = rb };
+	MatmulWeight mw = { .data = w, .type = t, .rows = rows, .cols = cols, .row_stride = rb }, px;
+	/* repacked as the CPU backend would (TURBOKV_NO_REPACK=1: row-major) */
+	const char *e = getenv("TURBOKV_NO_REPACK");
+	if (matmul_repack_wanted(&mw) && !(e && *e && strcmp(e, "0") != 0) && repack_weight(&mw, &px) == 0) {
+		free(w);
+		return px;
+	}
+	return mw;
 }
 
 static float *floats_new(size_t n)

@@ -15,7 +15,8 @@
 #   LAB_BEFORE (a second turbokv-lab, e.g. a saved copy of the old binary: run
 #   in the same rounds, with a new/old ratio), KV (our cache type, passed as
 #   --kv; default the bench's own, f32; llama-bench's cache is f16, so KV=f16
-#   compares like with like).
+#   compares like with like), DEPTH (both tests after this many tokens already
+#   in the cache: our bench's --depth, llama-bench's -d; default 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,7 @@ fi
 LAB=${LAB:-build/tools/turbokv-lab/turbokv-lab}
 LAB_BEFORE=${LAB_BEFORE:-}
 KV=${KV:-}
+DEPTH=${DEPTH:-0}
 [[ -x $LLAMA_BENCH ]] || { echo "no $LLAMA_BENCH: run scripts/llamacpp-peer-build.sh" >&2; exit 1; }
 [[ -x $LAB ]] || { echo "no $LAB: run scripts/setup.sh" >&2; exit 1; }
 
@@ -56,12 +58,12 @@ model_path() {
 }
 
 ours() { # LAB MODEL -> "pp tg"
-	"$1" bench --model "$2" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" ${KV:+--kv "$KV"} --json |
+	"$1" bench --model "$2" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" -d "$DEPTH" ${KV:+--kv "$KV"} --json |
 		python3 -c 'import json,sys; r={x["test"][:2]: x["tokens_per_s"] for x in json.load(sys.stdin)["results"]}; print(r.get("pp", 0), r.get("tg", 0))'
 }
 
 echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p'), $(nproc) cores; threads $THREADS"
-echo "llama-bench: $LLAMA_BENCH; our KV cache: ${KV:-the bench default}"
+echo "llama-bench: $LLAMA_BENCH; our KV cache: ${KV:-the bench default}; depth $DEPTH"
 summary=()
 for name in $MODELS; do
 	model=$(model_path "$name")
@@ -74,7 +76,7 @@ for name in $MODELS; do
 		read -r opp otg <<<"$(ours "$LAB" "$model" || echo "0 0")"
 		bpp=0 btg=0
 		[[ -n $LAB_BEFORE ]] && read -r bpp btg <<<"$(ours "$LAB_BEFORE" "$model" || echo "0 0")"
-		read -r rpp rtg <<<"$("$LLAMA_BENCH" -m "$model" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" -o json 2>/dev/null |
+		read -r rpp rtg <<<"$("$LLAMA_BENCH" -m "$model" -t "$THREADS" -p "$PP" -n "$TG" -d "$DEPTH" -r "$REPS" -o json 2>/dev/null |
 			python3 -c 'import json,sys; r={("pp" if x["n_prompt"] else "tg"): x["avg_ts"] for x in json.load(sys.stdin)}; print(r.get("pp", 0), r.get("tg", 0))' ||
 			echo "0 0")"
 		printf 'round %d (load %s): turbokv pp%d %.1f tg%d %.1f | before pp %.1f tg %.1f | llama.cpp pp %.1f tg %.1f\n' \
@@ -97,5 +99,5 @@ print(f"{name}: pp{pp} turbokv {op:.1f} / llama.cpp {rp:.1f} = {ratio(op, rp)}x"
 PY
 )")
 done
-echo "medians over $ROUNDS interleaved rounds, $THREADS threads:"
+echo "medians over $ROUNDS interleaved rounds, $THREADS threads, depth $DEPTH:"
 printf '  %s\n' "${summary[@]}"

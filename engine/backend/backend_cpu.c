@@ -2,8 +2,9 @@
  * backend_cpu.c: the CPU backend, host memory and kernels/cpu.
  *
  * Stateless: weights stay in the GGUF mapping, except those the tiled
- * prefill kernels want repacked (kernels/cpu/repack.h: Q4_K, groups of 4
- * rows), which upload_weight() copies once into the interleaved layout and
+ * kernels want repacked (kernels/cpu/repack.h: Q4_K, and Q4_0, Q4_1, Q8_0
+ * where this CPU has their SIMD tiles and TURBOKV_REPACK_Q32=1:
+ * matmul_repack_wanted(); groups of 4 rows), which upload_weight() copies once into the interleaved layout and
  * release_weight() frees; buffers are malloc'd, and every op is a
  * kernels/cpu function.
  */
@@ -41,13 +42,27 @@ static int cpu_copy(Backend *b, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
-/* Repack what has a tile kernel; the rest is read in place from the mapping.
- * TURBOKV_NO_REPACK=1 keeps every weight row-major (before/after checks). */
+static bool env_on(const char *name)
+{
+	const char *e = getenv(name);
+	return e && *e && strcmp(e, "0") != 0;
+}
+
+/*
+ * Repack what has a tile kernel; the rest is read in place from the mapping.
+ * TURBOKV_NO_REPACK=1 keeps every weight row-major (before/after checks).
+ * Q4_0, Q4_1 and Q8_0 only with TURBOKV_REPACK_Q32=1 for now: their tiles
+ * pass their tests, but on the default model the repacked path moves the
+ * tq4-vs-f32 check of test-kvstore (model_tq4_tracks_f32) past its bounds
+ * and the golden exact-math max past 1.2 (docs/benchmarks.md, issue 20,
+ * 2026-12-03), which is not explained yet.
+ */
 static int cpu_upload_weight(Backend *b, MatmulWeight *w)
 {
 	MatmulWeight packed;
-	const char *e = getenv("TURBOKV_NO_REPACK");
-	if (!repack_supported(w) || (e && *e && strcmp(e, "0") != 0))
+	if (!matmul_repack_wanted(w) || env_on("TURBOKV_NO_REPACK"))
+		return 0;
+	if (w->type != WTYPE_Q4_K && !env_on("TURBOKV_REPACK_Q32"))
 		return 0;
 	int r = repack_weight(w, &packed);
 	if (r < 0)

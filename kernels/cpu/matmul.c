@@ -9,9 +9,10 @@
  * weights, kept in L1) over all tokens, VEC_DOT_MAX_NY tokens per kernel
  * call where the type has a multi-row kernel.
  *
- * Weights the CPU backend repacked (layout X4, repack.h) go through tile
- * kernels instead: 4 rows (8 with AVX-512 VNNI) x up to 16 tokens per call,
- * the rows' blocks read as one stream.
+ * Weights the CPU backend repacked (layout X4, repack.h; which ones:
+ * matmul_repack_wanted()) go through tile kernels instead: 4 rows (8 with
+ * AVX-512 VNNI) x up to 16 tokens per call, the rows' blocks read as one
+ * stream, decode (one token) included.
  *
  * Owns the choice of kernel (AVX-512, AVX2, NEON or reference, per call, from
  * cpu_features()); the kernels themselves live in vec_dot_*.c,
@@ -124,13 +125,22 @@ static RepackTileFn simd_tile_get(uint32_t t)
 #if defined(CPU_KERNELS_X86)
 	const CpuFeatures *f = cpu_features();
 	RepackTileFn fn = f->avx512 && f->avx512vnni ? repack_tile_avx512_get(t) : NULL;
-	return fn ? fn : repack_tile_avx2_get(t);
+	if (!fn)
+		fn = repack_tile_avx2_get(t);
+	return fn ? fn : repack_tile_q32_avx2_get(t);
 #elif defined(CPU_KERNELS_NEON)
 	return repack_tile_neon_get(t, cpu_features()->dotprod);
 #else
 	(void)t;
 	return NULL;
 #endif
+}
+
+bool matmul_repack_wanted(const MatmulWeight *w)
+{
+	if (!repack_supported(w))
+		return false;
+	return w->type == WTYPE_Q4_K || (simd_usable() && simd_tile_get(w->type) != NULL);
 }
 
 /* Returns 0 or -EINVAL if w's type or shape has no kernel. */

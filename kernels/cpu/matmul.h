@@ -15,6 +15,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,16 @@ int matmul_group(ThreadPool *tp, const MatmulWeight *const *ws, float *const *ys
 
 /* The same product with the scalar reference kernels only, one thread. */
 int matmul_ref(const MatmulWeight *w, const float *x, float *y, int64_t n_tok);
+
+/*
+ * Whether w (row-major) should be repacked (kernels/cpu/repack.h) on this
+ * CPU: repack_supported(w), and its type has a SIMD tile kernel here that
+ * matmul() would pick, or is Q4_K (whose reference tile is its reference
+ * row kernel, so nothing gets slower). Elsewhere the row kernels are faster
+ * than a reference tile would be: the Q4_0, Q4_1 and Q8_0 tiles exist for
+ * AVX2 only (AVX-512 CPUs included), so NEON keeps those row-major.
+ */
+bool matmul_repack_wanted(const MatmulWeight *w);
 
 /* Dot product of one row of W with one activation row, through the
  * kernel selected at run time (for tests comparing against _ref). */

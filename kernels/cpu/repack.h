@@ -1,28 +1,52 @@
 /*
  * repack.h: weights regrouped once at load for the tiled CPU products.
  *
- * Layout MATMUL_LAYOUT_X4 (Q4_K only, rows a multiple of 4): W (rows, cols)
- * as rows / 4 groups of 4 consecutive rows; within a group, super-block b
- * of its 4 rows lies together, row by row:
+ * Layout MATMUL_LAYOUT_X4 (Q4_K, Q4_0, Q4_1, Q8_0; rows a multiple of 4):
+ * W (rows, cols) as rows / 4 groups of 4 consecutive rows; within a group,
+ * block b of its 4 rows lies together as one group-block of 4 blocks'
+ * bytes, group-block after group-block:
  *
- *   group g: [row 4g blk 0][4g+1 blk 0][4g+2 blk 0][4g+3 blk 0][4g blk 1]...
+ *   group g: [group-block 0: row 4g..4g+3, block 0][group-block 1]...
  *
- * Each block is an unchanged BlockQ4_K (144 bytes), so the repacked matrix
- * has exactly the mapped one's size (it replaces it, it does not add to it)
- * and row_stride stays the bytes of one row: group g starts at
- * data + 4 g row_stride, row r's block b at
- * data + 4 (r / 4) row_stride + (4 b + r % 4) sizeof(BlockQ4_K).
- * One stream of weights feeds a 4-row tile, and a tile reads each
- * activation block once for all its rows.
+ * The repacked matrix has exactly the mapped one's size (it replaces it,
+ * it does not add to it) and row_stride stays the bytes of one row: group
+ * g starts at data + 4 g row_stride, its group-block b at
+ * data + 4 g row_stride + 4 b sizeof(block). One stream of weights feeds a
+ * 4-row tile, and a tile reads each activation block once for all its rows.
  *
- * Tile kernels: Y (nt tokens, 4 rows) of one group against nt <= 16 Q8_K
- * activation rows. The reference is the row kernel (vec_dot_q4_K_ref) on
- * each row gathered back; the AVX2 and AVX-512 VNNI ones compute the same
- * integer sub-block sums exactly and differ in the order of float
- * accumulation (and the AVX-512 one takes the min term in float).
+ * Q4_K (144-byte BlockQ4_K): a group-block is the 4 rows' blocks unchanged,
+ * row by row: row r's block b at data + 4 (r / 4) row_stride +
+ * (4 b + r % 4) sizeof(BlockQ4_K).
+ *
+ * The 32-value types are regrouped field by field so that one 256-bit
+ * register holds 8 quant bytes of each of the 4 rows (row i in 64-bit lane
+ * i) and the 4 rows' scales load as one vector. With H the block's halves
+ * (Q4_0, Q8_0: d; Q4_1: d, m) and Q its quant bytes (Q4_0, Q4_1: 16 nibble
+ * pairs; Q8_0: 32 int8), a group-block of rows i = 0..3 is
+ *
+ *   byte 8 h + 2 i:             half h of row i, h < H (2 bytes)
+ *   byte 8 H + 32 c + 8 i + k:  qs[8 c + k] of row i, chunk c < Q / 8, k < 8
+ *
+ *   Q4_0 (72 bytes):  [0, 8) d0 d1 d2 d3 | [8, 72) qs chunks 0, 1
+ *   Q4_1 (80 bytes):  [0, 8) d0..d3 | [8, 16) m0..m3 | [16, 80) qs chunks 0, 1
+ *   Q8_0 (136 bytes): [0, 8) d0..d3 | [8, 136) qs chunks 0..3
+ *
+ * (A nibble byte qs[j] holds value j low and value j + 16 high, as in the
+ * block: chunk c's low nibbles are values 8c..8c+7, its high ones
+ * 16+8c..16+8c+7.) The bytes are the 4 blocks' bytes, moved.
+ *
+ * Tile kernels: Y (nt tokens, 4 rows) of one group against nt <= 16
+ * activation rows (Q8_K for Q4_K, Q8_1 for Q4_1, Q8_0 for Q4_0 and Q8_0).
+ * The Q4_K reference is the row kernel (vec_dot_q4_K_ref) on each row
+ * gathered back; the 32-value types' references read the layout in place
+ * and compute vec_dot_*_ref's floats exactly. The AVX2 and AVX-512 VNNI
+ * ones compute the same integer block sums exactly and differ in the order
+ * of float accumulation (and the AVX-512 Q4_K one takes the min term in
+ * float).
  */
 #pragma once
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +54,19 @@
 #include "kernels/wtype.h"
 
 #define REPACK_GROUP 4
+/* The 32-value layouts' chunk: 8 quant bytes of a row, one 64-bit lane. */
+#define REPACK_CHUNK 8
+
+/* What the 32-value layouts rely on: each block is its halves, then its
+ * quant bytes, nothing else; a group-block is 4 blocks' bytes. */
+static_assert(offsetof(BlockQ4_0, qs) == 2 && sizeof(BlockQ4_0) == 2 + QK4_0 / 2, "Q4_0: d, qs");
+static_assert(offsetof(BlockQ4_1, m) == 2 && offsetof(BlockQ4_1, qs) == 4 && sizeof(BlockQ4_1) == 4 + QK4_1 / 2,
+	      "Q4_1: d, m, qs");
+static_assert(offsetof(BlockQ8_0, qs) == 2 && sizeof(BlockQ8_0) == 2 + QK8_0, "Q8_0: d, qs");
+static_assert(REPACK_GROUP * sizeof(BlockQ4_0) == 72 && REPACK_GROUP * sizeof(BlockQ4_1) == 80 &&
+		      REPACK_GROUP * sizeof(BlockQ8_0) == 136,
+	      "group-block sizes as documented");
+static_assert(REPACK_GROUP * REPACK_CHUNK == 32, "one chunk of 4 rows is one 256-bit register");
 /* Tokens per tile call: the AVX-512 8-row kernel's tile (16); the others split it. */
 #define REPACK_MAX_NT 16
 
@@ -40,8 +77,10 @@
 typedef void (*RepackTileFn)(int64_t n, const void *group, const void *act, size_t a_stride, int nt,
 			     float *y, size_t y_stride);
 
-/* Whether w (row-major) can be repacked: a type with a tile kernel, rows a
- * multiple of 4, rows packed tight (row_stride == the row's bytes). */
+/* Whether w (row-major) can be repacked: a type with an X4 layout (and so
+ * a reference tile kernel), rows a multiple of 4, rows packed tight
+ * (row_stride == the row's bytes). Whether it is worth it on this CPU is
+ * matmul_repack_wanted()'s question (matmul.h). */
 bool repack_supported(const MatmulWeight *w);
 
 /*
@@ -80,3 +119,22 @@ void repack_tile_q4_K_avx512vnni(int64_t n, const void *group, const void *act, 
 				 size_t y_stride);
 void repack_tile8_q4_K_avx512vnni(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 				  size_t y_stride);
+
+/* The 32-value types (layouts above): references, and AVX2 (call only when
+ * cpu_features() has avx2, fma and f16c; repack_q32_avx2.c). There are no
+ * AVX-512 or NEON tiles for them: AVX-512 CPUs run the AVX2 ones, and
+ * matmul_repack_wanted() keeps them row-major where no SIMD tile exists. */
+void repack_tile_q4_0_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			  size_t y_stride);
+void repack_tile_q4_1_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			  size_t y_stride);
+void repack_tile_q8_0_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			  size_t y_stride);
+void repack_tile_q4_0_avx2(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			   size_t y_stride);
+void repack_tile_q4_1_avx2(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			   size_t y_stride);
+void repack_tile_q8_0_avx2(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			   size_t y_stride);
+/* The AVX2 tile of a 32-value type (same conditions); NULL for the others. */
+RepackTileFn repack_tile_q32_avx2_get(uint32_t t);

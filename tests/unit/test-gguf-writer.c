@@ -446,6 +446,7 @@ static const GenCase gen_cases[] = {
 	{ "Q4_K", WTYPE_Q4_K, "256", "512", 256, 512, false },
 	{ "Q6_K", WTYPE_Q6_K, "256", "512", 256, 512, false },
 	{ "Q4_K_M", WTYPE_Q4_K, "256", "512", 256, 512, true },
+	{ "Q4_1", WTYPE_Q4_1, "64", "128", 64, 128, false },
 };
 
 static int gen_case(const GenCase *c, const char *path, const char *seed)
@@ -577,7 +578,11 @@ static void check_model(const GenCase *c, const char *path)
 {
 	Error err = { 0 };
 	_cleanup_(model_freep) Model *m = NULL;
-	ck_assert_msg(model_load(path, &m, &err) == 0, "%s: %s", c->type, err.msg);
+	/* the 32-value types' repacking is opt-in (engine/backend/backend_cpu.c) */
+	setenv("TURBOKV_REPACK_Q32", "1", 1);
+	int lr = model_load(path, &m, &err);
+	unsetenv("TURBOKV_REPACK_Q32");
+	ck_assert_msg(lr == 0, "%s: %s", c->type, err.msg);
 	ck_assert_int_eq(m->cfg.n_vocab, 300);
 	ck_assert_int_eq(m->cfg.n_layers, 2);
 	ck_assert_int_eq(m->cfg.head_dim, c->n_dim / 4);
@@ -626,15 +631,23 @@ static void check_model(const GenCase *c, const char *path)
 	ck_assert_msg(std > 0.1 && std < 100, "%s: logits deviation %g", c->type, std);
 
 	/*
-	 * Q4_K weights are repacked at load (kernels/cpu/repack.h): the same
-	 * logits as the row-major path, bit for bit with the scalar kernels,
-	 * and up to float summation order with AVX2. That order matters more
+	 * Q4_K weights are repacked at load (kernels/cpu/repack.h), and so are
+	 * Q8_0, Q4_0 and Q4_1 ones where their AVX2 tiles run (opt-in:
+	 * TURBOKV_REPACK_Q32=1): the same logits as
+	 * the row-major path, bit for bit with the scalar kernels, and up to
+	 * float summation order with AVX2. That order matters more
 	 * than it looks here: each product agrees to ~1e-6 relative, but this
 	 * random 2-layer model's sharp attention in layer 1 amplifies it to a
 	 * few hundredths of a logit (measured 0.04 of a deviation of 1.04);
 	 * the tolerance is 0.1 deviations and the same top token.
 	 */
-	if (c->wtype == WTYPE_Q4_K) {
+	bool repacked = m->layers[0].wq.layout == MATMUL_LAYOUT_X4;
+	if (c->wtype == WTYPE_Q4_K)
+		ck_assert(repacked);
+	if (c->wtype == WTYPE_Q8_0 || c->wtype == WTYPE_Q4_0 || c->wtype == WTYPE_Q4_1)
+		ck_assert_int_eq(repacked, matmul_repack_wanted(&(MatmulWeight){ .type = c->wtype, .rows = 64,
+										  .cols = 64, .row_stride = wtype_row_bytes(c->wtype, 64) }));
+	if (repacked) {
 		setenv("TURBOKV_NO_REPACK", "1", 1);
 		_cleanup_(model_freep) Model *m2 = NULL;
 		int r = model_load(path, &m2, &err);

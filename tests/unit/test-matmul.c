@@ -915,8 +915,236 @@ START_TEST(test_repack_q4_K)
 	MatmulWeight odd = { .data = blk, .type = t, .rows = 2, .cols = 256, .row_stride = 144 }, out;
 	ck_assert(!repack_supported(&odd));
 	ck_assert_int_eq(repack_weight(&odd, &out), -EINVAL);
-	MatmulWeight q8 = { .data = blk, .type = WTYPE_Q8_0, .rows = 4, .cols = 32, .row_stride = 34 };
-	ck_assert(!repack_supported(&q8));
+	MatmulWeight q5 = { .data = blk, .type = WTYPE_Q5_1, .rows = 4, .cols = 32, .row_stride = 24 };
+	ck_assert(!repack_supported(&q5));
+}
+END_TEST
+
+/*
+ * Sum over blocks of one row-major weight row (type t: Q4_0, Q4_1, Q8_0)
+ * times one quantized activation row, from the blocks' fields: in double
+ * (*ret_abs: the sum of |terms|, d_w d_a isum and m_w s_a, which bounds
+ * float rounding), independent of every kernel.
+ */
+static double q32_dot(uint32_t t, const uint8_t *row, const uint8_t *act, int64_t nb, double *ret_abs)
+{
+	double sum = 0.0, abs = 0.0;
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *wb = row + (size_t)b * wtype_info(t)->block_bytes;
+		const uint8_t *ab = act + (size_t)b * (t == WTYPE_Q4_1 ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0));
+		const int8_t *aq = (const int8_t *)ab + (t == WTYPE_Q4_1 ? 4 : 2);
+		tkv_half h;
+		memcpy(&h, wb, 2);
+		double dw = half_to_f32(h);
+		memcpy(&h, ab, 2);
+		double da = half_to_f32(h);
+		long isum = 0;
+		for (int j = 0; j < 32; j++) {
+			int q = t == WTYPE_Q8_0 ? (int8_t)wb[2 + j]
+						: j < 16 ? wb[(t == WTYPE_Q4_1 ? 4 : 2) + j] & 0xF
+							 : wb[(t == WTYPE_Q4_1 ? 4 : 2) + j - 16] >> 4;
+			isum += (long)(t == WTYPE_Q4_0 ? q - 8 : q) * aq[j];
+		}
+		sum += dw * da * (double)isum;
+		abs += fabs(dw * da * (double)isum);
+		if (t == WTYPE_Q4_1) {
+			memcpy(&h, wb + 2, 2);
+			double mw = half_to_f32(h);
+			memcpy(&h, ab + 2, 2);
+			sum += mw * half_to_f32(h);
+			abs += fabs(mw * half_to_f32(h));
+		}
+	}
+	*ret_abs = abs;
+	return sum;
+}
+
+/*
+ * Activation rows made directly as blocks (not through the quantizer):
+ * random int8 quants, all of a token's block scales 2^-(4 + tok % 2) when
+ * pow2 (else random), Q8_1's s = d * sum(q) as a half.
+ */
+static uint8_t *q32_acts(uint32_t t, int64_t nb, int nt, bool pow2, uint64_t *rng)
+{
+	size_t ab = t == WTYPE_Q4_1 ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0), qoff = t == WTYPE_Q4_1 ? 4 : 2;
+	uint8_t *act = malloc(ab * (size_t)(nb * nt));
+	ck_assert_ptr_nonnull(act);
+	for (int tok = 0; tok < nt; tok++)
+		for (int64_t b = 0; b < nb; b++) {
+			uint8_t *blk = act + ab * (size_t)(tok * nb + b);
+			float d = pow2 ? ldexpf(1.0f, -(4 + tok % 2)) : fabsf(rand_scale(rng));
+			int s = 0;
+			for (int j = 0; j < 32; j++) {
+				int q = (int)(test_rand_u64(rng) % 255) - 127;
+				blk[qoff + j] = (uint8_t)(int8_t)q;
+				s += q;
+			}
+			put_half(blk, d);
+			if (t == WTYPE_Q4_1)
+				put_half(blk + 2, d * (float)s);
+		}
+	return act;
+}
+
+/*
+ * Repacked Q4_0, Q4_1 and Q8_0 (layout X4, the 32-value types):
+ * - the bytes sit where repack.h says, and every row gathers back byte
+ *   for byte;
+ * - on each group of the matrix, for 1..16 tokens (odd counts, and 16),
+ *   the reference tile and the AVX2 one equal the sum computed here from
+ *   the row-major blocks exactly when scales are powers of two (all
+ *   integer sums then exact and the float ones too: each row's terms are
+ *   multiples of one power of two below 2^24 of them), and within 1e-5 of
+ *   the sum of |terms| for random scales;
+ * - matmul() over the repacked copy equals matmul_ref() over the original
+ *   within float rounding for 1..3 threads, bit for bit with SIMD off,
+ *   and matmul_row_dot() and matmul_ref() over the copy agree;
+ * - matmul_repack_wanted() asks for them only where their SIMD tile runs.
+ */
+START_TEST(test_repack_q32)
+{
+	static const uint32_t types[] = { WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_Q8_0 };
+	uint32_t t = types[_i];
+	uint64_t rng = test_seed() ^ (0x7000u + t);
+	const int64_t rows_list[] = { 4, 12, 16 };
+	const int64_t cols_list[] = { 32, 576, 2080 };
+	const int nts[] = { 1, 3, 5, 7, 9, 11, 13, 15, 16 };
+	const int64_t toks[] = { 1, 5, 17 };
+	int halves = t == WTYPE_Q4_1 ? 2 : 1;
+	size_t qbytes = t == WTYPE_Q8_0 ? 32 : 16;
+	RepackTileFn ref = repack_tile_ref_get(t), fast = simd_available() ? simd_tile(0, t) : NULL;
+#if defined(CPU_KERNELS_X86)
+	RepackTileFn q32 = simd_available() ? repack_tile_q32_avx2_get(t) : NULL;
+	ck_assert(q32 == fast || !fast);
+	fast = q32;
+#endif
+	ck_assert_ptr_nonnull(ref);
+	fprintf(stderr, "repack %s: tile %s\n", wtype_name(t), fast ? tile_set(0) : "reference only");
+
+	for (size_t ri = 0; ri < 3; ri++) {
+		int64_t rows = rows_list[ri], cols = cols_list[ri], nb = cols / 32;
+		size_t stride = wtype_row_bytes(t, (uint64_t)cols), bb = wtype_info(t)->block_bytes;
+		uint8_t *w = weights_random(t, rows, cols, stride, &rng);
+		MatmulWeight mw = { .data = w, .type = t, .rows = rows, .cols = cols, .row_stride = stride }, px;
+		ck_assert(repack_supported(&mw));
+		ck_assert_int_eq(matmul_repack_wanted(&mw), fast != NULL);
+		ck_assert_int_eq(repack_weight(&mw, &px), 0);
+		ck_assert_int_eq(px.layout, MATMUL_LAYOUT_X4);
+		ck_assert(!repack_supported(&px));
+		/* the documented positions, then the gather */
+		const uint8_t *pd = px.data;
+		for (int64_t r = 0; r < rows; r++)
+			for (int64_t b = 0; b < nb; b++) {
+				const uint8_t *gb = pd + (size_t)(r / 4) * 4 * stride + (size_t)b * 4 * bb;
+				const uint8_t *blk = w + (size_t)r * stride + (size_t)b * bb;
+				int i = (int)(r % 4);
+				for (int h = 0; h < halves; h++)
+					ck_assert_mem_eq(gb + 8 * h + 2 * i, blk + 2 * h, 2);
+				for (size_t c = 0; c < qbytes / 8; c++)
+					ck_assert_mem_eq(gb + 8 * halves + 32 * c + 8 * (size_t)i, blk + 2 * halves + 8 * c, 8);
+			}
+		uint8_t *row = malloc(stride);
+		for (int64_t r = 0; r < rows; r++)
+			ck_assert_mem_eq(repack_row(&px, r, row), w + (size_t)r * stride, stride);
+		free(row);
+
+		/* the tiles on every group: power-of-two scales (exact), then random ones */
+		for (int pow2 = 1; pow2 >= 0; pow2--) {
+			uint8_t *wt = w;
+			MatmulWeight pt = px;
+			if (pow2) {
+				wt = malloc((size_t)rows * stride);
+				memcpy(wt, w, (size_t)rows * stride);
+				for (int64_t r = 0; r < rows; r++)
+					for (int64_t b = 0; b < nb; b++) {
+						uint8_t *blk = wt + (size_t)r * stride + (size_t)b * bb;
+						put_half(blk, ldexpf(1.0f, -(3 + (int)(r % 3))));
+						if (halves == 2)
+							put_half(blk + 2, ldexpf(r % 2 ? -1.0f : 1.0f, -(2 + (int)(r % 4))));
+					}
+				MatmulWeight m2 = mw;
+				m2.data = wt;
+				ck_assert_int_eq(repack_weight(&m2, &pt), 0);
+			}
+			size_t as = t == WTYPE_Q4_1 ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
+			for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++) {
+				int nt = nts[ni];
+				uint8_t *act = q32_acts(t, nb, nt, pow2, &rng);
+				for (int64_t g = 0; g < rows / 4; g++) {
+					const uint8_t *grp = (const uint8_t *)pt.data + (size_t)g * 4 * stride;
+					float tr[REPACK_MAX_NT * REPACK_GROUP], tf[REPACK_MAX_NT * REPACK_GROUP];
+					ref(cols, grp, act, as * (size_t)nb, nt, tr, REPACK_GROUP);
+					if (fast)
+						fast(cols, grp, act, as * (size_t)nb, nt, tf, REPACK_GROUP);
+					for (int j = 0; j < nt; j++)
+						for (int i = 0; i < REPACK_GROUP; i++) {
+							double abs, want = q32_dot(t, wt + (size_t)(4 * g + i) * stride,
+										   act + as * (size_t)(j * nb), nb, &abs);
+							double tol = pow2 ? 0.0 : 1e-5 * abs + 1e-30;
+							float r = tr[j * REPACK_GROUP + i];
+							ck_assert_msg(fabs(r - want) <= tol, "%s ref tile cols=%ld nt=%d g=%ld row %d tok %d: %.9g want %.9g",
+								      wtype_name(t), (long)cols, nt, (long)g, i, j, r, want);
+							if (!fast)
+								continue;
+							float f = tf[j * REPACK_GROUP + i];
+							ck_assert_msg(fabs(f - want) <= tol, "%s %s tile cols=%ld nt=%d g=%ld row %d tok %d: %.9g want %.9g",
+								      wtype_name(t), tile_set(0), (long)cols, nt, (long)g, i, j, f, want);
+						}
+				}
+				free(act);
+			}
+			if (pow2) {
+				free((void *)pt.data);
+				free(wt);
+			}
+		}
+
+		/* matmul over the copy against matmul_ref over the original */
+		for (size_t ti = 0; ti < sizeof(toks) / sizeof(toks[0]); ti++) {
+			int64_t n_tok = toks[ti];
+			float *x = acts_random(n_tok * cols, &rng);
+			float *yr = malloc((size_t)(n_tok * rows) * sizeof(float));
+			float *y = malloc((size_t)(n_tok * rows) * sizeof(float));
+			double *abs_sum = abs_sums(t, w, stride, rows, cols, x, n_tok);
+			ck_assert_int_eq(matmul_ref(&mw, x, yr, n_tok), 0);
+			/* Q4_1: d q and m terms may cancel; bound by the terms */
+			double slack = t == WTYPE_Q4_1 ? 16.0 : 1.0;
+			for (int nth = 1; nth <= 3; nth++) {
+				ThreadPool *tp = NULL;
+				ck_assert_int_eq(threadpool_new(nth, &tp), 0);
+				for (int64_t i = 0; i < n_tok * rows; i++)
+					y[i] = NAN;
+				ck_assert_int_eq(matmul(tp, &px, x, y, n_tok), 0);
+				for (int64_t i = 0; i < n_tok * rows; i++)
+					ck_assert_msg(fabs(y[i] - yr[i]) <= slack * 1e-5 * abs_sum[i] + 1e-30,
+						      "%s repacked rows=%ld n_tok=%ld nth=%d out %ld: %.9g vs ref %.9g",
+						      wtype_name(t), (long)rows, (long)n_tok, nth, (long)i, y[i], yr[i]);
+				cpu_features_disable_simd(true);
+				ck_assert_int_eq(matmul(tp, &px, x, y, n_tok), 0);
+				cpu_features_disable_simd(false);
+				ck_assert_mem_eq(y, yr, (size_t)(n_tok * rows) * sizeof(float));
+				threadpool_free(tp);
+			}
+			for (int64_t r = 0; r < rows; r += 3) {
+				float s = matmul_row_dot(&px, r, x);
+				ck_assert_msg(fabs(s - yr[r]) <= slack * 1e-5 * abs_sum[r] + 1e-30, "row_dot %ld: %g vs %g",
+					      (long)r, s, yr[r]);
+			}
+			float *y2 = malloc((size_t)(n_tok * rows) * sizeof(float));
+			ck_assert_int_eq(matmul_ref(&px, x, y2, n_tok), 0);
+			ck_assert_mem_eq(y2, yr, (size_t)(n_tok * rows) * sizeof(float));
+			free(y2);
+			free(x);
+			free(y);
+			free(yr);
+			free(abs_sum);
+		}
+		cpu_features_disable_simd(true);
+		ck_assert(!matmul_repack_wanted(&mw));
+		cpu_features_disable_simd(false);
+		free((void *)px.data);
+		free(w);
+	}
 }
 END_TEST
 
@@ -1032,6 +1260,7 @@ int main(void)
 	tcase_add_test(tm, test_matmul_group);
 	tcase_add_test(tm, test_matmul_rejects);
 	tcase_add_test(tm, test_repack_q4_K);
+	tcase_add_loop_test(tm, test_repack_q32, 0, 3);
 	suite_add_tcase(s, tq);
 	suite_add_tcase(s, tv);
 	suite_add_tcase(s, tm);
