@@ -2,11 +2,11 @@
  * backend_cpu.c: the CPU backend, host memory and kernels/cpu.
  *
  * Stateless: weights stay in the GGUF mapping, except those the tiled
- * kernels want repacked (kernels/cpu/repack.h: Q4_K, and Q4_0, Q4_1, Q8_0
- * where this CPU has their SIMD tiles and TURBOKV_REPACK_Q32=1:
- * matmul_repack_wanted(); groups of 4 rows), which upload_weight() copies once into the interleaved layout and
- * release_weight() frees; buffers are malloc'd, and every op is a
- * kernels/cpu function.
+ * kernels want repacked (kernels/cpu/repack.h, groups of 4 rows: Q4_K and
+ * Q5_0, and Q4_0, Q4_1, Q8_0 with TURBOKV_REPACK_Q32=1, where this CPU has
+ * their SIMD tiles: matmul_repack_wanted()), which upload_weight() copies
+ * once into the interleaved layout and release_weight() frees; buffers are
+ * malloc'd, and every op is a kernels/cpu function.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -55,14 +55,20 @@ static bool env_on(const char *name)
  * pass their tests, but on the default model the repacked path moves the
  * tq4-vs-f32 check of test-kvstore (model_tq4_tracks_f32) past its bounds
  * and the golden exact-math max past 1.2 (docs/benchmarks.md, issue 20,
- * 2026-12-03), which is not explained yet.
+ * 2026-12-03), which is not explained yet. Q5_0 (Gemma 3's Q4_K_M files)
+ * is on: the default model has none, and Gemma's checks pass with it.
  */
+static bool repack_by_default(uint32_t t)
+{
+	return t == WTYPE_Q4_K || t == WTYPE_Q5_0;
+}
+
 static int cpu_upload_weight(Backend *b, MatmulWeight *w)
 {
 	MatmulWeight packed;
 	if (!matmul_repack_wanted(w) || env_on("TURBOKV_NO_REPACK"))
 		return 0;
-	if (w->type != WTYPE_Q4_K && !env_on("TURBOKV_REPACK_Q32"))
+	if (!repack_by_default(w->type) && !env_on("TURBOKV_REPACK_Q32"))
 		return 0;
 	int r = repack_weight(w, &packed);
 	if (r < 0)

@@ -1,7 +1,7 @@
 /*
  * repack.c: the X4 layout (repack.h): repacking, row gathering and the
  * scalar reference tile kernels. The SIMD tiles are repack_avx2.c,
- * repack_avx512.c (Q4_K), repack_q32_avx2.c (Q4_0, Q4_1, Q8_0) and
+ * repack_avx512.c (Q4_K), repack_q32_avx2.c (Q4_0, Q4_1, Q5_0, Q8_0) and
  * vec_dot_neon_impl.h (Q4_K); matmul.c picks between them.
  */
 #include <errno.h>
@@ -23,6 +23,7 @@ static int block_halves(uint32_t t)
 	case WTYPE_Q4_0:
 	case WTYPE_Q8_0: return 1;
 	case WTYPE_Q4_1: return 2;
+	case WTYPE_Q5_0: return 3; /* d, then qh as two 2-byte fields */
 	default: return 0;
 	}
 }
@@ -191,6 +192,33 @@ void repack_tile_q4_1_ref(int64_t n, const void *group, const void *act, size_t 
 	}
 }
 
+void repack_tile_q5_0_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			  size_t y_stride)
+{
+	const uint8_t *g = group;
+	int64_t nb = n / QK5_0;
+	for (int t = 0; t < nt; t++) {
+		const BlockQ8_0 *a = (const BlockQ8_0 *)((const char *)act + (size_t)t * a_stride);
+		for (int i = 0; i < REPACK_GROUP; i++) {
+			float sum = 0.0f;
+			for (int64_t b = 0; b < nb; b++) {
+				const uint8_t *gb = g + (size_t)b * REPACK_GROUP * sizeof(BlockQ5_0);
+				const uint8_t *h01 = gb + 8 + 2 * i, *h23 = gb + 16 + 2 * i;
+				uint32_t qh = (uint32_t)h01[0] | (uint32_t)h01[1] << 8 | (uint32_t)h23[0] << 16 |
+					      (uint32_t)h23[1] << 24;
+				int isum = 0;
+				for (int j = 0; j < QK5_0 / 2; j++) {
+					uint8_t q = x4_q(gb + 24, i, j);
+					isum += (((q & 0xF) | (int)((qh >> j) & 1) << 4) - 16) * a[b].qs[j];
+					isum += (((q >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - 16) * a[b].qs[j + 16];
+				}
+				sum += half_at(gb + 2 * i) * half_to_f32(a[b].d) * (float)isum;
+			}
+			y[(size_t)t * y_stride + (size_t)i] = sum;
+		}
+	}
+}
+
 void repack_tile_q8_0_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 			  size_t y_stride)
 {
@@ -218,6 +246,7 @@ RepackTileFn repack_tile_ref_get(uint32_t t)
 	case WTYPE_Q4_K: return repack_tile_q4_K_ref;
 	case WTYPE_Q4_0: return repack_tile_q4_0_ref;
 	case WTYPE_Q4_1: return repack_tile_q4_1_ref;
+	case WTYPE_Q5_0: return repack_tile_q5_0_ref;
 	case WTYPE_Q8_0: return repack_tile_q8_0_ref;
 	default: return NULL;
 	}

@@ -1,7 +1,7 @@
 /*
  * repack.h: weights regrouped once at load for the tiled CPU products.
  *
- * Layout MATMUL_LAYOUT_X4 (Q4_K, Q4_0, Q4_1, Q8_0; rows a multiple of 4):
+ * Layout MATMUL_LAYOUT_X4 (Q4_K, Q4_0, Q4_1, Q5_0, Q8_0; rows a multiple of 4):
  * W (rows, cols) as rows / 4 groups of 4 consecutive rows; within a group,
  * block b of its 4 rows lies together as one group-block of 4 blocks'
  * bytes, group-block after group-block:
@@ -21,14 +21,17 @@
  * The 32-value types are regrouped field by field so that one 256-bit
  * register holds 8 quant bytes of each of the 4 rows (row i in 64-bit lane
  * i) and the 4 rows' scales load as one vector. With H the block's halves
- * (Q4_0, Q8_0: d; Q4_1: d, m) and Q its quant bytes (Q4_0, Q4_1: 16 nibble
- * pairs; Q8_0: 32 int8), a group-block of rows i = 0..3 is
+ * (Q4_0, Q8_0: d; Q4_1: d, m; Q5_0: d and its 4 qh bytes as two 2-byte
+ * fields) and Q its quant bytes (Q4_0, Q4_1, Q5_0: 16 nibble pairs; Q8_0:
+ * 32 int8), a group-block of rows i = 0..3 is
  *
  *   byte 8 h + 2 i:             half h of row i, h < H (2 bytes)
  *   byte 8 H + 32 c + 8 i + k:  qs[8 c + k] of row i, chunk c < Q / 8, k < 8
  *
  *   Q4_0 (72 bytes):  [0, 8) d0 d1 d2 d3 | [8, 72) qs chunks 0, 1
  *   Q4_1 (80 bytes):  [0, 8) d0..d3 | [8, 16) m0..m3 | [16, 80) qs chunks 0, 1
+ *   Q5_0 (88 bytes):  [0, 8) d0..d3 | [8, 16) qh bytes 0, 1 of rows 0..3 |
+ *                     [16, 24) qh bytes 2, 3 of rows 0..3 | [24, 88) qs chunks 0, 1
  *   Q8_0 (136 bytes): [0, 8) d0..d3 | [8, 136) qs chunks 0..3
  *
  * (A nibble byte qs[j] holds value j low and value j + 16 high, as in the
@@ -36,7 +39,7 @@
  * 16+8c..16+8c+7.) The bytes are the 4 blocks' bytes, moved.
  *
  * Tile kernels: Y (nt tokens, 4 rows) of one group against nt <= 16
- * activation rows (Q8_K for Q4_K, Q8_1 for Q4_1, Q8_0 for Q4_0 and Q8_0).
+ * activation rows (Q8_K for Q4_K, Q8_1 for Q4_1, Q8_0 for Q4_0, Q5_0 and Q8_0).
  * The Q4_K reference is the row kernel (vec_dot_q4_K_ref) on each row
  * gathered back; the 32-value types' references read the layout in place
  * and compute vec_dot_*_ref's floats exactly. The AVX2 and AVX-512 VNNI
@@ -63,8 +66,10 @@ static_assert(offsetof(BlockQ4_0, qs) == 2 && sizeof(BlockQ4_0) == 2 + QK4_0 / 2
 static_assert(offsetof(BlockQ4_1, m) == 2 && offsetof(BlockQ4_1, qs) == 4 && sizeof(BlockQ4_1) == 4 + QK4_1 / 2,
 	      "Q4_1: d, m, qs");
 static_assert(offsetof(BlockQ8_0, qs) == 2 && sizeof(BlockQ8_0) == 2 + QK8_0, "Q8_0: d, qs");
+static_assert(offsetof(BlockQ5_0, qh) == 2 && offsetof(BlockQ5_0, qs) == 6 && sizeof(BlockQ5_0) == 6 + QK5_0 / 2,
+	      "Q5_0: d, qh (two 2-byte fields), qs");
 static_assert(REPACK_GROUP * sizeof(BlockQ4_0) == 72 && REPACK_GROUP * sizeof(BlockQ4_1) == 80 &&
-		      REPACK_GROUP * sizeof(BlockQ8_0) == 136,
+		      REPACK_GROUP * sizeof(BlockQ5_0) == 88 && REPACK_GROUP * sizeof(BlockQ8_0) == 136,
 	      "group-block sizes as documented");
 static_assert(REPACK_GROUP * REPACK_CHUNK == 32, "one chunk of 4 rows is one 256-bit register");
 /* Tokens per tile call: the AVX-512 8-row kernel's tile (16); the others split it. */
@@ -128,11 +133,15 @@ void repack_tile_q4_0_ref(int64_t n, const void *group, const void *act, size_t 
 			  size_t y_stride);
 void repack_tile_q4_1_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 			  size_t y_stride);
+void repack_tile_q5_0_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			  size_t y_stride);
 void repack_tile_q8_0_ref(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 			  size_t y_stride);
 void repack_tile_q4_0_avx2(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 			   size_t y_stride);
 void repack_tile_q4_1_avx2(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
+			   size_t y_stride);
+void repack_tile_q5_0_avx2(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 			   size_t y_stride);
 void repack_tile_q8_0_avx2(int64_t n, const void *group, const void *act, size_t a_stride, int nt, float *y,
 			   size_t y_stride);

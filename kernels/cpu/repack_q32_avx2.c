@@ -1,6 +1,6 @@
 /*
  * repack_q32_avx2.c: AVX2 tile kernels for the X4 layout of the 32-value
- * block types Q4_0, Q4_1 and Q8_0 (repack.h). Compiled with -mavx2 -mfma
+ * block types Q4_0, Q4_1, Q5_0 and Q8_0 (repack.h). Compiled with -mavx2 -mfma
  * -mf16c; called only when cpu_features() has them. Not the Q4_K tiles
  * (repack_avx2.c).
  *
@@ -17,8 +17,9 @@
  * takes unsigned bytes times signed ones, pairs summed to int16 with
  * saturation, so: Q4_1 nibbles (0..15) go in as they are, and the 4
  * chunks' int16 sums add up in int16 (4 * 2 * 15 * 128 < 2^15); Q4_0's
- * q - 8 and Q8_0's int8 quants go in as |w| against sign(a, w), Q4_0's
- * chunks added in int16 (4 * 2 * 8 * 128 < 2^15), Q8_0's widened to int32
+ * q - 8, Q5_0's q - 16 and Q8_0's int8 quants go in as |w| against
+ * sign(a, w), Q4_0's and Q5_0's chunks added in int16 (4 * 2 * 16 * 128 =
+ * 2^14 at most), Q8_0's widened to int32
  * chunk by chunk (2 * 128 * 127 fits, two of them might not). Floats: the
  * reference adds block after block into one sum; here each lane keeps its
  * own and the two lanes of a row are added at the end, so the results
@@ -161,6 +162,66 @@ static inline __attribute__((always_inline)) void q4_0_pass(int64_t nb, const ui
 		store_rows(y + (size_t)t * y_stride, acc[t]);
 }
 
+/*
+ * Q5_0's fifth bits for one chunk: byte k of row i's lane is bit k of qh
+ * byte j of row i, as 0xFF or 0. qh4 holds the group-block's 16 qh bytes
+ * in both 128-bit halves (rows 0, 1 low, rows 2, 3 high: bytes 2i, 2i + 1
+ * are row i's qh bytes 0, 1, bytes 8 + 2i, 9 + 2i its bytes 2, 3).
+ */
+static inline __m256i q5_bits(__m256i qh4, int j)
+{
+	int lo = j < 2 ? j : 8 + j - 2; /* row 0's byte j within the 16 */
+	__m256i idx = _mm256_setr_epi64x(0x0101010101010101LL * lo, 0x0101010101010101LL * (lo + 2),
+					 0x0101010101010101LL * (lo + 4), 0x0101010101010101LL * (lo + 6));
+	const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+	return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh4, idx), bit), bit);
+}
+
+/* Q5_0 . Q8_0: q - 16 as int8 (the nibble where the fifth bit is set, else
+ * the nibble with 0xF0 or-ed in), then as Q4_0. */
+static inline __attribute__((always_inline)) void q5_0_pass(int64_t nb, const uint8_t *g, const char *act,
+							     size_t a_stride, float *y, size_t y_stride, bool pf,
+							     const int NT)
+{
+	const __m256i m4 = _mm256_set1_epi8(0xF), f0 = _mm256_set1_epi8((char)0xF0), ones = _mm256_set1_epi16(1);
+	const size_t gbb = REPACK_GROUP * sizeof(BlockQ5_0);
+	__m256 acc[TILE_NT];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *gb = g + (size_t)b * gbb;
+		if (pf)
+			prefetch_group_block(gb, gbb);
+		__m256 dw = halves_dup(gb);
+		__m256i qh4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(gb + 8)));
+		__m256i q0 = _mm256_loadu_si256((const __m256i *)(gb + 24));
+		__m256i q1 = _mm256_loadu_si256((const __m256i *)(gb + 56));
+		__m256i nib[4] = {
+			_mm256_and_si256(q0, m4),                       /* values 0..7: qh byte 0 */
+			_mm256_and_si256(q1, m4),                       /* 8..15: byte 1 */
+			_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4), /* 16..23: byte 2 */
+			_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4), /* 24..31: byte 3 */
+		};
+		__m256i w[4], aw[4];
+		for (int c = 0; c < 4; c++) {
+			w[c] = _mm256_or_si256(nib[c], _mm256_andnot_si256(q5_bits(qh4, c), f0));
+			aw[c] = _mm256_abs_epi8(w[c]);
+		}
+		for (int t = 0; t < NT; t++) {
+			const BlockQ8_0 *a = (const BlockQ8_0 *)(act + (size_t)t * a_stride) + b;
+			__m256i p = _mm256_maddubs_epi16(aw[0], _mm256_sign_epi8(bcast8(a->qs), w[0]));
+			for (int c = 1; c < 4; c++)
+				p = _mm256_add_epi16(p, _mm256_maddubs_epi16(aw[c], _mm256_sign_epi8(
+										      bcast8(a->qs + 8 * c), w[c])));
+			__m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+			acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, half_bcast(&a->d)), acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		store_rows(y + (size_t)t * y_stride, acc[t]);
+}
+
 /* Q8_0 . Q8_0: |w| against sign(a, w), each chunk widened to int32. */
 static inline __attribute__((always_inline)) void q8_0_pass(int64_t nb, const uint8_t *g, const char *act,
 							     size_t a_stride, float *y, size_t y_stride, bool pf,
@@ -221,6 +282,7 @@ static_assert(TILE_NT == 4, "DEFINE_TILE's cases");
 
 DEFINE_TILE(repack_tile_q4_0_avx2, q4_0_pass, QK4_0)
 DEFINE_TILE(repack_tile_q4_1_avx2, q4_1_pass, QK4_1)
+DEFINE_TILE(repack_tile_q5_0_avx2, q5_0_pass, QK5_0)
 DEFINE_TILE(repack_tile_q8_0_avx2, q8_0_pass, QK8_0)
 
 RepackTileFn repack_tile_q32_avx2_get(uint32_t t)
@@ -228,6 +290,7 @@ RepackTileFn repack_tile_q32_avx2_get(uint32_t t)
 	switch (t) {
 	case WTYPE_Q4_0: return repack_tile_q4_0_avx2;
 	case WTYPE_Q4_1: return repack_tile_q4_1_avx2;
+	case WTYPE_Q5_0: return repack_tile_q5_0_avx2;
 	case WTYPE_Q8_0: return repack_tile_q8_0_avx2;
 	default: return NULL;
 	}

@@ -447,6 +447,7 @@ static const GenCase gen_cases[] = {
 	{ "Q6_K", WTYPE_Q6_K, "256", "512", 256, 512, false },
 	{ "Q4_K_M", WTYPE_Q4_K, "256", "512", 256, 512, true },
 	{ "Q4_1", WTYPE_Q4_1, "64", "128", 64, 128, false },
+	{ "Q5_0", WTYPE_Q5_0, "64", "128", 64, 128, false },
 };
 
 static int gen_case(const GenCase *c, const char *path, const char *seed)
@@ -632,8 +633,8 @@ static void check_model(const GenCase *c, const char *path)
 
 	/*
 	 * Q4_K weights are repacked at load (kernels/cpu/repack.h), and so are
-	 * Q8_0, Q4_0 and Q4_1 ones where their AVX2 tiles run (opt-in:
-	 * TURBOKV_REPACK_Q32=1): the same logits as
+	 * Q5_0 ones, and Q8_0, Q4_0 and Q4_1 ones with TURBOKV_REPACK_Q32=1,
+	 * where their AVX2 tiles run: the same logits as
 	 * the row-major path, bit for bit with the scalar kernels, and up to
 	 * float summation order with AVX2. That order matters more
 	 * than it looks here: each product agrees to ~1e-6 relative, but this
@@ -644,7 +645,7 @@ static void check_model(const GenCase *c, const char *path)
 	bool repacked = m->layers[0].wq.layout == MATMUL_LAYOUT_X4;
 	if (c->wtype == WTYPE_Q4_K)
 		ck_assert(repacked);
-	if (c->wtype == WTYPE_Q8_0 || c->wtype == WTYPE_Q4_0 || c->wtype == WTYPE_Q4_1)
+	if (c->wtype == WTYPE_Q8_0 || c->wtype == WTYPE_Q4_0 || c->wtype == WTYPE_Q4_1 || c->wtype == WTYPE_Q5_0)
 		ck_assert_int_eq(repacked, matmul_repack_wanted(&(MatmulWeight){ .type = c->wtype, .rows = 64,
 										  .cols = 64, .row_stride = wtype_row_bytes(c->wtype, 64) }));
 	if (repacked) {

@@ -921,9 +921,9 @@ START_TEST(test_repack_q4_K)
 END_TEST
 
 /*
- * Sum over blocks of one row-major weight row (type t: Q4_0, Q4_1, Q8_0)
+ * Sum over blocks of one row-major weight row (type t: Q4_0, Q4_1, Q5_0, Q8_0)
  * times one quantized activation row, from the blocks' fields: in double
- * (*ret_abs: the sum of |terms|, d_w d_a isum and m_w s_a, which bounds
+ * (*ret_abs: the sum of |terms|, d_w d_a q_j a_j and m_w s_a, which bounds
  * float rounding), independent of every kernel.
  */
 static double q32_dot(uint32_t t, const uint8_t *row, const uint8_t *act, int64_t nb, double *ret_abs)
@@ -938,15 +938,19 @@ static double q32_dot(uint32_t t, const uint8_t *row, const uint8_t *act, int64_
 		double dw = half_to_f32(h);
 		memcpy(&h, ab, 2);
 		double da = half_to_f32(h);
-		long isum = 0;
+		long isum = 0, iabs = 0;
+		size_t qoff = t == WTYPE_Q4_1 ? 4 : t == WTYPE_Q5_0 ? 6 : 2;
 		for (int j = 0; j < 32; j++) {
-			int q = t == WTYPE_Q8_0 ? (int8_t)wb[2 + j]
-						: j < 16 ? wb[(t == WTYPE_Q4_1 ? 4 : 2) + j] & 0xF
-							 : wb[(t == WTYPE_Q4_1 ? 4 : 2) + j - 16] >> 4;
+			int q = t == WTYPE_Q8_0 ? (int8_t)wb[2 + j] : j < 16 ? wb[qoff + j] & 0xF : wb[qoff + j - 16] >> 4;
+			if (t == WTYPE_Q5_0) /* the fifth bit: bit j of the 4 qh bytes, little-endian */
+				q = (q | ((wb[2 + j / 8] >> (j % 8)) & 1) << 4) - 16;
 			isum += (long)(t == WTYPE_Q4_0 ? q - 8 : q) * aq[j];
+			iabs += labs((long)(t == WTYPE_Q4_0 ? q - 8 : q) * aq[j]);
 		}
 		sum += dw * da * (double)isum;
-		abs += fabs(dw * da * (double)isum);
+		/* |terms| of the products, not of their sum: a kernel may split a
+		 * block's sum across lanes, each scaled and rounded on its own */
+		abs += fabs(dw * da) * (double)iabs;
 		if (t == WTYPE_Q4_1) {
 			memcpy(&h, wb + 2, 2);
 			double mw = half_to_f32(h);
@@ -987,7 +991,7 @@ static uint8_t *q32_acts(uint32_t t, int64_t nb, int nt, bool pow2, uint64_t *rn
 }
 
 /*
- * Repacked Q4_0, Q4_1 and Q8_0 (layout X4, the 32-value types):
+ * Repacked Q4_0, Q4_1, Q5_0 and Q8_0 (layout X4, the 32-value types):
  * - the bytes sit where repack.h says, and every row gathers back byte
  *   for byte;
  * - on each group of the matrix, for 1..16 tokens (odd counts, and 16),
@@ -1003,14 +1007,14 @@ static uint8_t *q32_acts(uint32_t t, int64_t nb, int nt, bool pow2, uint64_t *rn
  */
 START_TEST(test_repack_q32)
 {
-	static const uint32_t types[] = { WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_Q8_0 };
+	static const uint32_t types[] = { WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_Q5_0, WTYPE_Q8_0 };
 	uint32_t t = types[_i];
 	uint64_t rng = test_seed() ^ (0x7000u + t);
 	const int64_t rows_list[] = { 4, 12, 16 };
 	const int64_t cols_list[] = { 32, 576, 2080 };
 	const int nts[] = { 1, 3, 5, 7, 9, 11, 13, 15, 16 };
 	const int64_t toks[] = { 1, 5, 17 };
-	int halves = t == WTYPE_Q4_1 ? 2 : 1;
+	int halves = t == WTYPE_Q4_1 ? 2 : t == WTYPE_Q5_0 ? 3 : 1; /* Q5_0: d, and qh as two */
 	size_t qbytes = t == WTYPE_Q8_0 ? 32 : 16;
 	RepackTileFn ref = repack_tile_ref_get(t), fast = simd_available() ? simd_tile(0, t) : NULL;
 #if defined(CPU_KERNELS_X86)
@@ -1260,7 +1264,7 @@ int main(void)
 	tcase_add_test(tm, test_matmul_group);
 	tcase_add_test(tm, test_matmul_rejects);
 	tcase_add_test(tm, test_repack_q4_K);
-	tcase_add_loop_test(tm, test_repack_q32, 0, 3);
+	tcase_add_loop_test(tm, test_repack_q32, 0, 4);
 	suite_add_tcase(s, tq);
 	suite_add_tcase(s, tv);
 	suite_add_tcase(s, tm);

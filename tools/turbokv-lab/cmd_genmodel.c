@@ -136,6 +136,16 @@ static void blocks_fill(uint32_t t, Rng *r, float s, uint8_t *out, size_t n)
 		}
 		break;
 	}
+	case WTYPE_Q5_0: {
+		/* x = d (q - 16), q uniform in 0..31 (mean 15.5, variance 85.25) */
+		BlockQ5_0 *b = (BlockQ5_0 *)out;
+		for (size_t i = 0; i < n; i++) {
+			b[i].d = jitter_half(r, s / sqrtf(85.25f));
+			rng_bytes(r, b[i].qh, sizeof(b[i].qh));
+			rng_bytes(r, b[i].qs, sizeof(b[i].qs));
+		}
+		break;
+	}
 	case WTYPE_Q4_K: {
 		/*
 		 * x = d sc q - dmin m per 32-value sub-block, q uniform in
@@ -359,6 +369,7 @@ static uint32_t gen_file_type(const GenShape *g)
 	case WTYPE_F16: return 1;
 	case WTYPE_Q4_0: return 2;
 	case WTYPE_Q4_1: return 3;
+	case WTYPE_Q5_0: return 8;
 	case WTYPE_Q8_0: return 7;
 	case WTYPE_Q6_K: return 18;
 	default: return 14; /* Q4_K_S */
@@ -411,10 +422,11 @@ static void usage(FILE *f)
 		"      --head-dim N    per-head width (default D / H)\n"
 		"      --ff F          feed-forward width\n"
 		"      --vocab V       vocabulary size (at least %d)\n"
-		"      --type TYPE     F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K or Q4_K_M (default Q4_K);\n"
+		"      --type TYPE     F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K or Q4_K_M\n"
+		"                      (default Q4_K);\n"
 		"                      Q4_K_M is llama.cpp's mix: Q4_K, with output and the attn_v\n"
 		"                      and ffn_down of some layers in Q6_K. Rows are whole blocks:\n"
-		"                      D, H * head-dim and F multiples of 32 for Q8_0, Q4_0, Q4_1,\n"
+		"                      D, H * head-dim and F multiples of 32 for Q8_0, Q4_0, Q4_1, Q5_0,\n"
 		"                      of 256 for the K types\n"
 		"      --ctx N         context_length metadata (default 8192)\n"
 		"      --seed N        weight seed (default 1)\n"
@@ -424,8 +436,8 @@ static void usage(FILE *f)
 
 static int gen_parse_type(const char *s, GenShape *g)
 {
-	static const uint32_t types[] = { WTYPE_F32, WTYPE_F16, WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_Q4_K,
-					  WTYPE_Q6_K };
+	static const uint32_t types[] = { WTYPE_F32, WTYPE_F16, WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_Q5_0,
+					  WTYPE_Q4_K, WTYPE_Q6_K };
 	g->q4_k_m = strcasecmp(s, "Q4_K_M") == 0;
 	if (g->q4_k_m) {
 		g->type = WTYPE_Q4_K;
@@ -436,7 +448,7 @@ static int gen_parse_type(const char *s, GenShape *g)
 			g->type = types[i];
 			return 0;
 		}
-	fprintf(stderr, "turbokv-lab: --type: '%s' is not one of F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q4_K_M\n", s);
+	fprintf(stderr, "turbokv-lab: --type: '%s' is not one of F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, Q4_K_M\n", s);
 	return -1;
 }
 
