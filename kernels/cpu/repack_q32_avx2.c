@@ -121,45 +121,16 @@ static inline __attribute__((always_inline)) void q4_1_pass(int64_t nb, const ui
 		store_rows(y + (size_t)t * y_stride, acc[t]);
 }
 
-/* Q4_0 . Q8_0: q - 8 as int8, |q - 8| against sign(a, q - 8). */
-static inline __attribute__((always_inline)) void q4_0_pass(int64_t nb, const uint8_t *g, const char *act,
-							     size_t a_stride, float *y, size_t y_stride, bool pf,
-							     const int NT)
+/* Q4_0's 4 chunks of group-block gb as int8 q - 8. */
+static inline __attribute__((always_inline)) void q4_0_decode(const uint8_t *gb, __m256i w[4])
 {
-	const __m256i m4 = _mm256_set1_epi8(0xF), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-	const size_t gbb = REPACK_GROUP * sizeof(BlockQ4_0);
-	__m256 acc[TILE_NT];
-	for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps();
-
-	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *gb = g + (size_t)b * gbb;
-		if (pf)
-			prefetch_group_block(gb, gbb);
-		__m256 dw = halves_dup(gb);
-		__m256i q0 = _mm256_loadu_si256((const __m256i *)(gb + 8));
-		__m256i q1 = _mm256_loadu_si256((const __m256i *)(gb + 40));
-		__m256i w[4] = {
-			_mm256_sub_epi8(_mm256_and_si256(q0, m4), eight),                       /* values 0..7 */
-			_mm256_sub_epi8(_mm256_and_si256(q1, m4), eight),                       /* 8..15 */
-			_mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4), eight), /* 16..23 */
-			_mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4), eight), /* 24..31 */
-		};
-		__m256i aw[4];
-		for (int c = 0; c < 4; c++)
-			aw[c] = _mm256_abs_epi8(w[c]);
-		for (int t = 0; t < NT; t++) {
-			const BlockQ8_0 *a = (const BlockQ8_0 *)(act + (size_t)t * a_stride) + b;
-			__m256i p = _mm256_maddubs_epi16(aw[0], _mm256_sign_epi8(bcast8(a->qs), w[0]));
-			for (int c = 1; c < 4; c++)
-				p = _mm256_add_epi16(p, _mm256_maddubs_epi16(aw[c], _mm256_sign_epi8(
-										      bcast8(a->qs + 8 * c), w[c])));
-			__m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-			acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, half_bcast(&a->d)), acc[t]);
-		}
-	}
-	for (int t = 0; t < NT; t++)
-		store_rows(y + (size_t)t * y_stride, acc[t]);
+	const __m256i m4 = _mm256_set1_epi8(0xF), eight = _mm256_set1_epi8(8);
+	__m256i q0 = _mm256_loadu_si256((const __m256i *)(gb + 8));
+	__m256i q1 = _mm256_loadu_si256((const __m256i *)(gb + 40));
+	w[0] = _mm256_sub_epi8(_mm256_and_si256(q0, m4), eight);                       /* values 0..7 */
+	w[1] = _mm256_sub_epi8(_mm256_and_si256(q1, m4), eight);                       /* 8..15 */
+	w[2] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4), eight); /* 16..23 */
+	w[3] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4), eight); /* 24..31 */
 }
 
 /*
@@ -177,14 +148,32 @@ static inline __m256i q5_bits(__m256i qh4, int j)
 	return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh4, idx), bit), bit);
 }
 
-/* Q5_0 . Q8_0: q - 16 as int8 (the nibble where the fifth bit is set, else
- * the nibble with 0xF0 or-ed in), then as Q4_0. */
-static inline __attribute__((always_inline)) void q5_0_pass(int64_t nb, const uint8_t *g, const char *act,
-							     size_t a_stride, float *y, size_t y_stride, bool pf,
-							     const int NT)
+/* Q5_0's 4 chunks as int8 q - 16: the nibble where the fifth bit is set,
+ * else the nibble with 0xF0 or-ed in (nibble - 16). */
+static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *gb, __m256i w[4])
 {
-	const __m256i m4 = _mm256_set1_epi8(0xF), f0 = _mm256_set1_epi8((char)0xF0), ones = _mm256_set1_epi16(1);
-	const size_t gbb = REPACK_GROUP * sizeof(BlockQ5_0);
+	const __m256i m4 = _mm256_set1_epi8(0xF), f0 = _mm256_set1_epi8((char)0xF0);
+	__m256i qh4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(gb + 8)));
+	__m256i q0 = _mm256_loadu_si256((const __m256i *)(gb + 24));
+	__m256i q1 = _mm256_loadu_si256((const __m256i *)(gb + 56));
+	__m256i nib[4] = {
+		_mm256_and_si256(q0, m4),                       /* values 0..7: qh byte 0 */
+		_mm256_and_si256(q1, m4),                       /* 8..15: byte 1 */
+		_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4), /* 16..23: byte 2 */
+		_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4), /* 24..31: byte 3 */
+	};
+	for (int c = 0; c < 4; c++)
+		w[c] = _mm256_or_si256(nib[c], _mm256_andnot_si256(q5_bits(qh4, c), f0));
+}
+
+/* Q4_0 and Q5_0 . Q8_0: small signed quants (|w| <= 16) as |w| against
+ * sign(a, w), the 4 chunks' products added in int16. */
+static inline __attribute__((always_inline)) void small_pass(int64_t nb, size_t gbb,
+							      void (*decode)(const uint8_t *, __m256i *),
+							      const uint8_t *g, const char *act, size_t a_stride,
+							      float *y, size_t y_stride, bool pf, const int NT)
+{
+	const __m256i ones = _mm256_set1_epi16(1);
 	__m256 acc[TILE_NT];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
@@ -194,20 +183,10 @@ static inline __attribute__((always_inline)) void q5_0_pass(int64_t nb, const ui
 		if (pf)
 			prefetch_group_block(gb, gbb);
 		__m256 dw = halves_dup(gb);
-		__m256i qh4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(gb + 8)));
-		__m256i q0 = _mm256_loadu_si256((const __m256i *)(gb + 24));
-		__m256i q1 = _mm256_loadu_si256((const __m256i *)(gb + 56));
-		__m256i nib[4] = {
-			_mm256_and_si256(q0, m4),                       /* values 0..7: qh byte 0 */
-			_mm256_and_si256(q1, m4),                       /* 8..15: byte 1 */
-			_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4), /* 16..23: byte 2 */
-			_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4), /* 24..31: byte 3 */
-		};
 		__m256i w[4], aw[4];
-		for (int c = 0; c < 4; c++) {
-			w[c] = _mm256_or_si256(nib[c], _mm256_andnot_si256(q5_bits(qh4, c), f0));
+		decode(gb, w);
+		for (int c = 0; c < 4; c++)
 			aw[c] = _mm256_abs_epi8(w[c]);
-		}
 		for (int t = 0; t < NT; t++) {
 			const BlockQ8_0 *a = (const BlockQ8_0 *)(act + (size_t)t * a_stride) + b;
 			__m256i p = _mm256_maddubs_epi16(aw[0], _mm256_sign_epi8(bcast8(a->qs), w[0]));
@@ -220,6 +199,20 @@ static inline __attribute__((always_inline)) void q5_0_pass(int64_t nb, const ui
 	}
 	for (int t = 0; t < NT; t++)
 		store_rows(y + (size_t)t * y_stride, acc[t]);
+}
+
+static inline __attribute__((always_inline)) void q4_0_pass(int64_t nb, const uint8_t *g, const char *act,
+							     size_t a_stride, float *y, size_t y_stride, bool pf,
+							     const int NT)
+{
+	small_pass(nb, REPACK_GROUP * sizeof(BlockQ4_0), q4_0_decode, g, act, a_stride, y, y_stride, pf, NT);
+}
+
+static inline __attribute__((always_inline)) void q5_0_pass(int64_t nb, const uint8_t *g, const char *act,
+							     size_t a_stride, float *y, size_t y_stride, bool pf,
+							     const int NT)
+{
+	small_pass(nb, REPACK_GROUP * sizeof(BlockQ5_0), q5_0_decode, g, act, a_stride, y, y_stride, pf, NT);
 }
 
 /* Q8_0 . Q8_0: |w| against sign(a, w), each chunk widened to int32. */

@@ -545,52 +545,13 @@ void vec_dot_q5_K_avx2(int64_t n, float *s, const void *vw, const void *va)
 	*s = hsum_ps(acc) - summ;
 }
 
-/* Q6_K as q' = q + 32 in 0..63, then subtract 32 * sum(scale * bsum). */
-void vec_dot_q6_K_avx2(int64_t n, float *s, const void *vw, const void *va);
-void vec_dot_q6_K_avx2(int64_t n, float *s, const void *vw, const void *va)
-{
-	const BlockQ6_K *w = vw;
-	const BlockQ8_K *a = va;
-	const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
-	__m256 acc = _mm256_setzero_ps();
-	float summ = 0.0f;
-
-	for (int64_t b = 0; b < n / QK_K; b++) {
-		prefetch_ahead(&w[b], sizeof(w[b]));
-		__m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
-		float d = a[b].d * h2f(w[b].d);
-		summ += d * (float)(32 * scaled_bsums(sc, &a[b]));
-
-		__m256i sumi = _mm256_setzero_si256();
-		for (int nn = 0; nn < 2; nn++) {
-			__m256i qh = load256(w[b].qh + 32 * nn);
-			__m256i ql0 = load256(w[b].ql + 64 * nn);
-			__m256i ql1 = load256(w[b].ql + 64 * nn + 32);
-			const int8_t *y = a[b].qs + 128 * nn;
-			__m256i q[4];
-			q[0] = _mm256_and_si256(ql0, m4);
-			q[1] = _mm256_and_si256(ql1, m4);
-			q[2] = _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4);
-			q[3] = _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
-			for (int k = 0; k < 4; k++) {
-				__m256i h = _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4);
-				__m256i p = _mm256_maddubs_epi16(_mm256_or_si256(q[k], h), load256(y + 32 * k));
-				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 4 * nn + k)));
-				qh = _mm256_srli_epi16(qh, 2);
-			}
-		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-	}
-	*s = hsum_ps(acc) - summ;
-}
-
 /*
  * Q6_K against up to VEC_DOT_MAX_NY Q8_K rows (prefill of the Q4_K_M
- * mix's output head, attn_v and ffn_down): each 32-value chunk of a
- * super-block is unpacked, and its scale pair built, once for all the
- * tokens; per token the operations and their order are those of
- * vec_dot_q6_K_avx2, so every result equals that kernel's bit for bit
- * (test-matmul), decode included.
+ * mix's output head, attn_v and ffn_down), as q' = q + 32 in 0..63, then
+ * 32 * sum(scale * bsum) subtracted: each 32-value chunk of a super-block
+ * is unpacked, and its scale pair built, once for all the tokens; each
+ * token's operations and their order do not depend on NY, so the one-token
+ * dot below (NY = 1) and every multi call agree bit for bit (test-matmul).
  */
 static inline __attribute__((always_inline)) void q6k_multi_avx2(int64_t n, float *s, size_t s_stride,
 								  const void *vw, const void *va, size_t a_stride,
@@ -641,6 +602,12 @@ static inline __attribute__((always_inline)) void q6k_multi_avx2(int64_t n, floa
 	}
 	for (int t = 0; t < NY; t++)
 		s[(size_t)t * s_stride] = hsum_ps(acc[t]) - summ[t];
+}
+
+void vec_dot_q6_K_avx2(int64_t n, float *s, const void *vw, const void *va);
+void vec_dot_q6_K_avx2(int64_t n, float *s, const void *vw, const void *va)
+{
+	q6k_multi_avx2(n, s, 1, vw, va, 0, 1);
 }
 
 /* af is not used: Q8_K rows carry float scales already. */

@@ -383,8 +383,9 @@ START_TEST(test_vec_dot_multi)
 }
 END_TEST
 
-/* The AVX2 Q6_K multi kernel repeats the AVX2 dot's operations per token:
- * equal bit for bit, so prefill and decode agree with each other. */
+/* The AVX2 Q6_K dot is its multi kernel at one token: calls with more
+ * tokens give each token what a one-token call gives, bit for bit, so
+ * prefill and decode agree with each other. */
 START_TEST(test_vec_dot_q6k_multi_equals_dot)
 {
 #if defined(CPU_KERNELS_X86)
