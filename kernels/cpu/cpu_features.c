@@ -28,6 +28,9 @@ static CpuFeatures detected, detected_avx2_only, detected_no_dotprod, detected_b
 static const CpuFeatures none;
 static atomic_int detect_state; /* 0: not yet, 1: running, 2: done */
 static atomic_bool simd_disabled, avx512_disabled, dotprod_disabled;
+/* What the environment asked for: the toggles below never undo it, so a test
+ * that disables a level and then re-enables it stays within TURBOKV_NO_*. */
+static bool env_no_simd, env_no_avx512, env_no_dotprod;
 
 #if defined(__x86_64__) || defined(__i386__)
 static unsigned long long xgetbv0(void)
@@ -89,12 +92,12 @@ static void features_init(void)
 {
 	int expected = 0;
 	if (atomic_compare_exchange_strong(&detect_state, &expected, 1)) {
-		if (env_set("TURBOKV_NO_SIMD"))
-			atomic_store(&simd_disabled, true);
-		if (env_set("TURBOKV_NO_AVX512"))
-			atomic_store(&avx512_disabled, true);
-		if (env_set("TURBOKV_NO_DOTPROD"))
-			atomic_store(&dotprod_disabled, true);
+		env_no_simd = env_set("TURBOKV_NO_SIMD");
+		env_no_avx512 = env_set("TURBOKV_NO_AVX512");
+		env_no_dotprod = env_set("TURBOKV_NO_DOTPROD");
+		atomic_store(&simd_disabled, env_no_simd);
+		atomic_store(&avx512_disabled, env_no_avx512);
+		atomic_store(&dotprod_disabled, env_no_dotprod);
 		features_detect(&detected);
 		detected_avx2_only = detected;
 		detected_avx2_only.avx512 = false;
@@ -134,19 +137,19 @@ void cpu_features_disable_simd(bool disable)
 {
 	if (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
 		features_init();
-	atomic_store(&simd_disabled, disable);
+	atomic_store(&simd_disabled, disable || env_no_simd);
 }
 
 void cpu_features_disable_avx512(bool disable)
 {
 	if (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
 		features_init();
-	atomic_store(&avx512_disabled, disable);
+	atomic_store(&avx512_disabled, disable || env_no_avx512);
 }
 
 void cpu_features_disable_dotprod(bool disable)
 {
 	if (atomic_load_explicit(&detect_state, memory_order_acquire) != 2)
 		features_init();
-	atomic_store(&dotprod_disabled, disable);
+	atomic_store(&dotprod_disabled, disable || env_no_dotprod);
 }

@@ -33,7 +33,8 @@ typedef struct CpuFeatures {
 
 const CpuFeatures *cpu_features(void);
 
-/* Force the scalar reference paths (tests, and TURBOKV_NO_SIMD=1). */
+/* Force the scalar reference paths (tests, and TURBOKV_NO_SIMD=1); false
+ * restores what the environment set, never more. */
 void cpu_features_disable_simd(bool disable);
 
 /*
