@@ -63,13 +63,13 @@ void vec_f32_axpy(int64_t n, float alpha, const float *x, float *y)
 }
 
 /* The GELU gate has no NEON version yet: aarch64 runs the reference. */
-#if defined(CPU_KERNELS_X86)
-#define GATE_SIMD(name) (use_simd() ? vec_f32_##name##_avx2 : vec_f32_##name##_ref)
-#else
-#define GATE_SIMD(name) vec_f32_##name##_ref
-#endif
-
 void vec_f32_geglu(int64_t n, float *gate, const float *up)
 {
-	GATE_SIMD(geglu)(n, gate, up);
+#if defined(CPU_KERNELS_X86)
+	if (use_simd()) {
+		vec_f32_geglu_avx2(n, gate, up);
+		return;
+	}
+#endif
+	vec_f32_geglu_ref(n, gate, up);
 }
